@@ -1,0 +1,40 @@
+"""The narrow interface every vendor backend offers to the agent."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpuwatch.model import GpuEvent, GpuReading, Vendor
+
+
+class BackendUnavailable(Exception):
+    """The vendor library cannot be used now (missing, driver not loaded, version mismatch).
+
+    Never fatal: the agent reports ``gpuwatch_backend_up 0`` and retries with backoff.
+    """
+
+
+class Backend(Protocol):
+    """One vendor library. Only the backend modules speak to vendor libraries; everything else speaks to this."""
+
+    name: str  # the collector name: nvml, amdsmi
+    vendor: Vendor
+
+    def open(self) -> None:
+        """Initialise the library and enumerate GPUs; raise BackendUnavailable with a message for operators."""
+
+    def close(self) -> None:
+        """Release the library; safe to call when not open."""
+
+    def poll(self, *, slow: bool) -> list[GpuReading]:
+        """Read every GPU: the fast tier always, the slow tier when asked; raises BackendUnavailable if the
+        library itself stopped working (so the agent reopens it)."""
+        ...
+
+    def wait_events(self, timeout_s: float) -> list[GpuEvent]:
+        """Block up to timeout_s for events (XID, reset); return [] on timeout."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """Library and driver versions, for ``gpuwatch version`` and ``check``."""
+        ...

@@ -1,0 +1,107 @@
+"""Vendor-neutral value types that flow from the backends through the store to the exporter.
+
+Every field carries its unit in its name, and ``None`` (or a missing dict key) means "the device cannot give this",
+which the exporter turns into a missing series — never into 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Vendor = Literal["nvidia", "amd"]
+
+# The one vocabulary of throttle reasons (spec/metrics.md, "Throttling").
+THROTTLE_REASONS: tuple[str, ...] = (
+    "gpu_idle",
+    "applications_clocks",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_power_brake",
+    "display_clock",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+)
+
+COMPUTE_MODES: tuple[str, ...] = ("default", "exclusive_thread", "prohibited", "exclusive_process")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What a GPU is; read once (static tier) and remembered in the state dir after it is lost."""
+
+    uuid: str
+    vendor: Vendor
+    index: int  # the exported `gpu` label: the vendor's index, AMD offset after NVIDIA on mixed nodes
+    model: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""
+    driver_version: str = ""
+    vbios_version: str = ""
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One complete reading of one GPU: the fast tier of this poll merged with the last slow and static tiers."""
+
+    uuid: str
+    timestamp: float  # unix time of the poll that produced the fast-tier values
+    temperature_celsius: dict[str, float] = field(default_factory=dict)  # sensor -> °C
+    temperature_threshold_celsius: dict[tuple[str, str], float] = field(default_factory=dict)  # (sensor, threshold)
+    fan_speed_ratio: dict[str, float] = field(default_factory=dict)  # fan index -> 0..1(+)
+    clock_hertz: dict[str, float] = field(default_factory=dict)  # sm, memory, graphics, video
+    clock_max_hertz: dict[str, float] = field(default_factory=dict)
+    power_watts: float | None = None
+    power_limit_watts: dict[str, float] = field(default_factory=dict)  # enforced, default, min, max
+    energy_joules: float | None = None
+    performance_state: int | None = None
+    power_supply_undersized: bool | None = None
+    # Every reason the device can report, True while it holds clocks down at this poll.
+    throttle_active: dict[str, bool] = field(default_factory=dict)
+    # The device's own cumulative throttle time per reason, where it keeps one (NVML counters, AMD residency).
+    throttle_counter_seconds: dict[str, float] = field(default_factory=dict)
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    process_pids: tuple[int, ...] | None = None  # host PIDs of compute processes
+    mig_enabled: bool | None = None
+    ecc_enabled: bool | None = None
+    persistence_mode_enabled: bool | None = None
+    compute_mode: str | None = None  # one of COMPUTE_MODES
+    ecc_errors_total: dict[str, int] = field(default_factory=dict)  # corrected, uncorrected, deferred
+    remapped_rows_total: dict[str, int] = field(default_factory=dict)  # correctable, uncorrectable
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages: int | None = None
+    recovery_action: int | None = None
+    pcie_link_generation: dict[str, int] = field(default_factory=dict)  # current, max
+    pcie_link_width: dict[str, int] = field(default_factory=dict)
+    pcie_replays_total: int | None = None
+    pcie_link_recoveries_total: int | None = None
+    nvlink_up: dict[str, bool] = field(default_factory=dict)  # link -> up
+    nvlink_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (link, type)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """The outcome of polling one GPU: a sample, or the reason there is none (lost, unreadable)."""
+
+    identity: GpuIdentity
+    sample: GpuSample | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """Something that happened to a GPU at a moment: an XID error (NVIDIA) or a reset (AMD)."""
+
+    uuid: str
+    kind: Literal["xid", "reset"]
+    timestamp: float  # unix time the event happened (kernel log time for XIDs read from the log)
+    code: int | None = None  # the XID number
+    source: str = "nvml"  # nvml, kmsg, amdsmi
