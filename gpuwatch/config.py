@@ -1,0 +1,208 @@
+"""The agent's configuration: frozen dataclasses loaded from TOML, overridden by command-line flags.
+
+Every problem is a ConfigError that names the file, the key and what is wrong (exit 78): unknown sections and keys
+are errors, because a misspelt key silently ignored is a setting the operator believes in and does not have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from gpuwatch.metrics import COLLECTORS
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpuwatch/config.toml")
+DEFAULT_PORT = 9845
+BACKENDS = ("auto", "nvml", "amdsmi", "simulated")
+VENDORS = ("nvidia", "amd")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """An invalid configuration; the message names the file, the key and the problem."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        self.source, self.key, self.problem = source, key, problem
+        super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSection:
+    listen: str = f":{DEFAULT_PORT}"
+    web_config: str = ""
+    backend: str = "auto"
+    poll_interval_seconds: float = 1.0
+    slow_poll_interval_seconds: float = 30.0
+    state_dir: str = ""  # empty: $STATE_DIRECTORY, else /var/lib/gpuwatch
+    log_level: str = "info"
+    disable_collectors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedSection:
+    scenario: str = "mixed"
+    vendor: str = "nvidia"
+    gpus: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GpusSection:
+    expected_nvidia: int | None = None  # None: count the vendor's GPUs on the PCI bus
+    expected_amd: int | None = None
+    power_limit_watts: float | None = None  # the limit the operator intends for this node's GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class XidSection:
+    kernel_log: str = "/dev/kmsg"  # empty string turns kernel-log XIDs off
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    agent: AgentSection = field(default_factory=AgentSection)
+    simulated: SimulatedSection = field(default_factory=SimulatedSection)
+    gpus: GpusSection = field(default_factory=GpusSection)
+    xid: XidSection = field(default_factory=XidSection)
+    source: str = "defaults"
+
+    @property
+    def state_dir(self) -> Path:
+        if self.agent.state_dir:
+            return Path(self.agent.state_dir)
+        return Path(os.environ.get("STATE_DIRECTORY", "/var/lib/gpuwatch").split(":")[0])
+
+    def expected_gpus(self, vendor: str) -> int | None:
+        return self.gpus.expected_nvidia if vendor == "nvidia" else self.gpus.expected_amd
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "agent": AgentSection,
+    "simulated": SimulatedSection,
+    "gpus": GpusSection,
+    "xid": XidSection,
+}
+
+
+def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Read the TOML file (None: defaults only), apply flag overrides, validate everything."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(source, "", "file not found; create it or pass --config with an existing file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(source, "", f"cannot read the file: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, "", f"not valid TOML: {exc}") from None
+    sections: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in _SECTIONS:
+            raise ConfigError(source, f"[{name}]", _unknown("section", name, _SECTIONS))
+        if not isinstance(value, dict):
+            raise ConfigError(source, name, f"must be a [{name}] table, got {type(value).__name__}")
+        sections[name] = _build_section(source, name, _SECTIONS[name], value)
+    for name, values in (overrides or {}).items():
+        current = sections.get(name, _SECTIONS[name]())
+        replaced = {**dataclasses.asdict(current), **values}
+        sections[name] = _build_section("command line", name, _SECTIONS[name], replaced)
+    config = Config(**sections, source=source)
+    _validate(config)
+    return config
+
+
+def _unknown(kind: str, name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+    return f"unknown {kind}{hint}"
+
+
+def _build_section(source: str, section: str, cls: type[Any], values: dict[str, Any]) -> Any:
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(source, f"{section}.{key}", _unknown("key", key, hints))
+        kwargs[key] = _coerce(source, f"{section}.{key}", hints[key], value)
+    return cls(**kwargs)
+
+
+def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
+    """Check a TOML value against the field's type; ints are accepted where floats are expected."""
+    text = str(hint)
+    optional = "None" in text
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(source, key, "must be set")
+    if "tuple" in text:
+        if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(source, key, "must be a list of strings")
+        return tuple(value)
+    if "float" in text:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(source, key, f"must be a number, got {value!r}")
+        return float(value)
+    if "int" in text:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"must be a whole number, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f"must be a string, got {value!r}")
+    return value
+
+
+def _validate(config: Config) -> None:
+    src, agent = config.source, config.agent
+
+    def check(ok: bool, key: str, problem: str) -> None:
+        if not ok:
+            raise ConfigError(src, key, problem)
+
+    check(agent.backend in BACKENDS, "agent.backend", f"must be one of {', '.join(BACKENDS)}")
+    check(agent.log_level in LOG_LEVELS, "agent.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+    check(
+        0.05 <= agent.poll_interval_seconds <= 3600,
+        "agent.poll_interval_seconds",
+        "must be between 0.05 and 3600 seconds",
+    )
+    check(
+        agent.poll_interval_seconds <= agent.slow_poll_interval_seconds <= 86400,
+        "agent.slow_poll_interval_seconds",
+        "must be at least the poll interval and at most a day",
+    )
+    for name in agent.disable_collectors:
+        check(name in COLLECTORS, "agent.disable_collectors", f"{name!r} is no collector; known: {', '.join(COLLECTORS)}")
+    try:
+        parse_listen(agent.listen)
+    except ValueError as exc:
+        raise ConfigError(src, "agent.listen", str(exc)) from None
+    sim = config.simulated
+    check(sim.vendor in VENDORS, "simulated.vendor", f"must be one of {', '.join(VENDORS)}")
+    check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
+    gpus = config.gpus
+    for key, value in (("gpus.expected_nvidia", gpus.expected_nvidia), ("gpus.expected_amd", gpus.expected_amd)):
+        check(value is None or 0 <= value <= 1024, key, "must be between 0 and 1024")
+    check(
+        gpus.power_limit_watts is None or 1 <= gpus.power_limit_watts <= 10000,
+        "gpus.power_limit_watts",
+        "must be between 1 and 10000 watts",
+    )
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` / ``:PORT`` / ``[v6]:PORT`` the way Prometheus exporters take --web.listen-address."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep:
+        raise ValueError(f"{listen!r} is not HOST:PORT (e.g. ':9845' or '127.0.0.1:9845')")
+    host = host.strip("[]")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} in {listen!r} must be a number from 0 to 65535")
+    return host, int(port_text)

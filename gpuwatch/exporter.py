@@ -1,0 +1,143 @@
+"""The Prometheus collector: fresh metric families from a store snapshot on every scrape.
+
+Nothing here touches a vendor library or the disk, so a scrape costs microseconds per series and cannot hang.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwatch import __version__
+from gpuwatch.metrics import CATALOGUE
+from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.store import SampleStore, StoreSnapshot
+
+
+class _Families:
+    """Creates each family from the catalogue on first use and yields only those that got samples."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None:
+        if value is None:
+            return
+        family = self._families.get(name)
+        if family is None:
+            spec = CATALOGUE[name]
+            cls: Any = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+            family = cls(name, spec.help, labels=list(spec.labels))
+            self._families[name] = family
+        family.add_metric(list(labels), float(value))  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+class GpuwatchCollector(Collector):
+    def __init__(self, store: SampleStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._store.snapshot()
+        out = _Families()
+        out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
+        _self_health(snap, out)
+        for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
+            gpu = (str(identity.index), identity.uuid)
+            _info(identity, out)
+            sample = snap.fresh(identity.uuid)
+            out.add("gpuwatch_gpu_up", gpu, sample is not None)
+            if sample is None:
+                continue
+            _readings(gpu, sample, snap.configured_power_limit_watts, out)
+            for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
+                out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
+            for (uuid, xid), count in sorted(snap.xids.items()):
+                if uuid == identity.uuid:
+                    out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
+                    out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
+            if identity.uuid in snap.resets:
+                out.add("gpuwatch_gpu_reset_events_total", gpu, snap.resets[identity.uuid])
+        yield from out
+
+
+def _self_health(snap: StoreSnapshot, out: _Families) -> None:
+    for backend, (up, _message) in sorted(snap.backends.items()):
+        out.add("gpuwatch_backend_up", (backend,), up)
+    detected = sum(1 for uuid in snap.identities if snap.fresh(uuid) is not None)
+    out.add("gpuwatch_gpus_detected", (), detected)
+    for vendor, expected in sorted(snap.gpus_expected.items()):
+        out.add("gpuwatch_gpus_expected", (vendor,), expected)
+    for name, status in sorted(snap.collectors.items()):
+        key = (name,)
+        out.add("gpuwatch_collector_interval_seconds", key, status.interval_seconds)
+        out.add("gpuwatch_collector_errors_total", key, status.errors_total)
+        if status.success is not None:
+            out.add("gpuwatch_collector_success", key, status.success)
+            out.add("gpuwatch_collector_duration_seconds", key, status.duration_seconds)
+            out.add("gpuwatch_collector_last_run_timestamp_seconds", key, status.last_run_timestamp)
+
+
+def _info(identity: GpuIdentity, out: _Families) -> None:
+    labels = (
+        str(identity.index),
+        identity.uuid,
+        identity.vendor,
+        identity.model,
+        identity.serial,
+        identity.pci_bus_id,
+        identity.driver_version,
+        identity.vbios_version,
+    )
+    out.add("gpuwatch_gpu_info", labels, 1)
+
+
+def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Families) -> None:
+    def each(name: str, values: dict[str, Any]) -> None:
+        for label, value in sorted(values.items()):
+            out.add(name, (*gpu, label), value)
+
+    def each_pair(name: str, values: dict[tuple[str, str], Any]) -> None:
+        for labels, value in sorted(values.items()):
+            out.add(name, (*gpu, *labels), value)
+
+    each("gpuwatch_gpu_temperature_celsius", s.temperature_celsius)
+    each_pair("gpuwatch_gpu_temperature_threshold_celsius", s.temperature_threshold_celsius)
+    each("gpuwatch_gpu_fan_speed_ratio", s.fan_speed_ratio)
+    each("gpuwatch_gpu_clock_hertz", s.clock_hertz)
+    each("gpuwatch_gpu_clock_max_hertz", s.clock_max_hertz)
+    out.add("gpuwatch_gpu_power_watts", gpu, s.power_watts)
+    limits = dict(s.power_limit_watts)
+    if configured_limit is not None:
+        limits["configured"] = configured_limit
+    each("gpuwatch_gpu_power_limit_watts", limits)
+    out.add("gpuwatch_gpu_energy_joules_total", gpu, s.energy_joules)
+    out.add("gpuwatch_gpu_performance_state", gpu, s.performance_state)
+    out.add("gpuwatch_gpu_power_supply_undersized", gpu, s.power_supply_undersized)
+    each("gpuwatch_gpu_throttle_active", s.throttle_active)
+    out.add("gpuwatch_gpu_utilization_ratio", gpu, s.utilization_ratio)
+    out.add("gpuwatch_gpu_memory_utilization_ratio", gpu, s.memory_utilization_ratio)
+    out.add("gpuwatch_gpu_memory_used_bytes", gpu, s.memory_used_bytes)
+    out.add("gpuwatch_gpu_memory_total_bytes", gpu, s.memory_total_bytes)
+    out.add("gpuwatch_gpu_processes", gpu, None if s.process_pids is None else len(s.process_pids))
+    out.add("gpuwatch_gpu_mig_enabled", gpu, s.mig_enabled)
+    out.add("gpuwatch_gpu_ecc_enabled", gpu, s.ecc_enabled)
+    out.add("gpuwatch_gpu_persistence_mode_enabled", gpu, s.persistence_mode_enabled)
+    each("gpuwatch_gpu_ecc_errors_total", s.ecc_errors_total)
+    each("gpuwatch_gpu_remapped_rows_total", s.remapped_rows_total)
+    out.add("gpuwatch_gpu_row_remap_pending", gpu, s.row_remap_pending)
+    out.add("gpuwatch_gpu_row_remap_failed", gpu, s.row_remap_failed)
+    out.add("gpuwatch_gpu_retired_pages", gpu, s.retired_pages)
+    out.add("gpuwatch_gpu_recovery_action", gpu, s.recovery_action)
+    each("gpuwatch_gpu_pcie_link_generation", s.pcie_link_generation)
+    each("gpuwatch_gpu_pcie_link_width", s.pcie_link_width)
+    out.add("gpuwatch_gpu_pcie_replays_total", gpu, s.pcie_replays_total)
+    out.add("gpuwatch_gpu_pcie_link_recoveries_total", gpu, s.pcie_link_recoveries_total)
+    each("gpuwatch_gpu_nvlink_up", s.nvlink_up)
+    each_pair("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)

@@ -1,0 +1,161 @@
+"""The metric catalogue: every name, type, help text and label set that gpuwatch exports, in one table.
+
+spec/metrics.md is the contract; a test parses it and holds this table to it. Code refers to metrics through
+``CATALOGUE[name]`` so a typo is a KeyError at start-up, not a silently missing series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["gauge", "counter"]
+
+GPU = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+
+
+def _m(name: str, type_: MetricType, labels: tuple[str, ...], help_: str) -> MetricSpec:
+    return MetricSpec(name, type_, labels, help_)
+
+
+_SPECS: tuple[MetricSpec, ...] = (
+    # Identity and self-health
+    _m("gpuwatch_build_info", "gauge", ("version", "python_version"), "gpuwatch build; always 1."),
+    _m(
+        "gpuwatch_gpu_info",
+        "gauge",
+        (*GPU, "vendor", "model", "serial", "pci_bus_id", "driver_version", "vbios_version"),
+        "Identity of a GPU; always 1, also for a GPU that was lost.",
+    ),
+    _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
+    _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
+    _m("gpuwatch_gpus_detected", "gauge", (), "GPUs the vendor libraries see now."),
+    _m("gpuwatch_gpus_expected", "gauge", ("vendor",), "GPUs expected: from config, else that vendor's on the PCI bus."),
+    _m("gpuwatch_collector_success", "gauge", ("collector",), "1 when the collector's last run succeeded."),
+    _m("gpuwatch_collector_duration_seconds", "gauge", ("collector",), "How long the collector's last run took."),
+    _m("gpuwatch_collector_errors_total", "counter", ("collector",), "Failed collector runs."),
+    _m(
+        "gpuwatch_collector_last_run_timestamp_seconds",
+        "gauge",
+        ("collector",),
+        "Unix time the collector's last run finished.",
+    ),
+    _m("gpuwatch_collector_interval_seconds", "gauge", ("collector",), "How often the collector is meant to run."),
+    # Thermal
+    _m("gpuwatch_gpu_temperature_celsius", "gauge", (*GPU, "sensor"), "GPU temperature (core = die/hotspot)."),
+    _m(
+        "gpuwatch_gpu_temperature_threshold_celsius",
+        "gauge",
+        (*GPU, "sensor", "threshold"),
+        "The device's own temperature limits.",
+    ),
+    _m("gpuwatch_gpu_fan_speed_ratio", "gauge", (*GPU, "fan"), "Fan speed as a share of its maximum."),
+    # Clocks
+    _m("gpuwatch_gpu_clock_hertz", "gauge", (*GPU, "clock"), "Current clock."),
+    _m("gpuwatch_gpu_clock_max_hertz", "gauge", (*GPU, "clock"), "Maximum clock the device allows."),
+    # Power
+    _m("gpuwatch_gpu_power_watts", "gauge", GPU, "Board power draw."),
+    _m(
+        "gpuwatch_gpu_power_limit_watts",
+        "gauge",
+        (*GPU, "limit"),
+        "Power limits: enforced, default, min, max, and configured (the operator's intent, from the config).",
+    ),
+    _m("gpuwatch_gpu_energy_joules_total", "counter", GPU, "Energy since the driver loaded."),
+    _m("gpuwatch_gpu_performance_state", "gauge", GPU, "NVIDIA P-state (0 = fastest)."),
+    _m(
+        "gpuwatch_gpu_power_supply_undersized",
+        "gauge",
+        GPU,
+        "1 when the driver reports the GPU's power source as undersized.",
+    ),
+    # Throttling
+    _m("gpuwatch_gpu_throttle_active", "gauge", (*GPU, "reason"), "1 while the reason holds clocks down."),
+    _m(
+        "gpuwatch_gpu_throttle_seconds_total",
+        "counter",
+        (*GPU, "reason"),
+        "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll.",
+    ),
+    # Utilization, memory, modes
+    _m("gpuwatch_gpu_utilization_ratio", "gauge", GPU, "Compute busy share 0-1."),
+    _m("gpuwatch_gpu_memory_utilization_ratio", "gauge", GPU, "Memory controller busy share 0-1."),
+    _m("gpuwatch_gpu_memory_used_bytes", "gauge", GPU, "Device memory in use."),
+    _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
+    _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
+    _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
+    _m("gpuwatch_gpu_ecc_enabled", "gauge", GPU, "Current ECC mode."),
+    _m("gpuwatch_gpu_persistence_mode_enabled", "gauge", GPU, "NVIDIA persistence mode."),
+    # Errors and memory health
+    _m("gpuwatch_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Lifetime ECC errors (aggregate)."),
+    _m("gpuwatch_gpu_remapped_rows_total", "counter", (*GPU, "cause"), "Remapped memory rows."),
+    _m("gpuwatch_gpu_row_remap_pending", "gauge", GPU, "1 when a GPU reset is needed to apply a row remap."),
+    _m("gpuwatch_gpu_row_remap_failed", "gauge", GPU, "1 when a row remap failed."),
+    _m("gpuwatch_gpu_retired_pages", "gauge", GPU, "Retired or bad memory pages."),
+    _m(
+        "gpuwatch_gpu_recovery_action",
+        "gauge",
+        GPU,
+        "Driver's requested recovery: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, 5 IMEX.",
+    ),
+    _m("gpuwatch_gpu_xid_errors_total", "counter", (*GPU, "xid"), "XID errors seen (NVML events and kernel log)."),
+    _m(
+        "gpuwatch_gpu_xid_last_timestamp_seconds",
+        "gauge",
+        (*GPU, "xid"),
+        "Unix time that XID last happened (the event's own time).",
+    ),
+    _m("gpuwatch_gpu_reset_events_total", "counter", GPU, "GPU resets seen (AMD pre-reset events)."),
+    # PCIe and interconnect
+    _m("gpuwatch_gpu_pcie_link_generation", "gauge", (*GPU, "link"), "PCIe generation: current, max."),
+    _m("gpuwatch_gpu_pcie_link_width", "gauge", (*GPU, "link"), "PCIe lanes: current, max."),
+    _m("gpuwatch_gpu_pcie_replays_total", "counter", GPU, "PCIe replays."),
+    _m("gpuwatch_gpu_pcie_link_recoveries_total", "counter", GPU, "PCIe link retraining events."),
+    _m("gpuwatch_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 when the NVLink/XGMI link is up."),
+    _m("gpuwatch_gpu_nvlink_errors_total", "counter", (*GPU, "link", "type"), "NVLink/XGMI link errors."),
+    # Matmul probe
+    _m(
+        "gpuwatch_probe_info",
+        "gauge",
+        (*GPU, "engine", "engine_version", "blas_version", "dtype", "shape"),
+        "What the probe ran with; always 1.",
+    ),
+    _m("gpuwatch_probe_flops", "gauge", (*GPU, "dtype"), "Median throughput of the last successful probe."),
+    _m("gpuwatch_probe_baseline_flops", "gauge", (*GPU, "dtype"), "This GPU's own healthy probe throughput."),
+    _m("gpuwatch_probe_spread_ratio", "gauge", (*GPU, "dtype"), "(p90 - p10) / median of the last probe."),
+    _m("gpuwatch_probe_h2d_bytes_per_second", "gauge", GPU, "Pinned host-to-device copy bandwidth."),
+    _m("gpuwatch_probe_d2h_bytes_per_second", "gauge", GPU, "Pinned device-to-host copy bandwidth."),
+    _m("gpuwatch_probe_runs_total", "counter", (*GPU, "result"), "Probe runs by result."),
+    _m("gpuwatch_probe_last_success_timestamp_seconds", "gauge", GPU, "Unix time of the last successful probe."),
+    _m("gpuwatch_probe_interval_seconds", "gauge", (), "The configured probe interval."),
+    _m("gpuwatch_probe_duration_seconds", "gauge", GPU, "GPU time the last probe measured."),
+    _m("gpuwatch_probe_power_capped", "gauge", GPU, "1 when the last probe reached the power limit."),
+    _m("gpuwatch_probe_sm_clock_hertz", "gauge", GPU, "Mean SM clock during the last probe."),
+    _m("gpuwatch_probe_power_watts", "gauge", GPU, "Mean power during the last probe."),
+    _m("gpuwatch_probe_temperature_celsius", "gauge", GPU, "Peak core temperature during the last probe."),
+    # Host power delivery and sensors
+    _m("gpuwatch_host_voltage_volts", "gauge", ("chip", "sensor"), "Supply rail voltage."),
+    _m("gpuwatch_host_voltage_nominal_volts", "gauge", ("chip", "sensor"), "The rail's nominal voltage."),
+    _m(
+        "gpuwatch_host_voltage_min_volts",
+        "gauge",
+        ("chip", "sensor"),
+        "The lower critical threshold the BMC or chip declares.",
+    ),
+    _m("gpuwatch_host_psu_up", "gauge", ("psu",), "1 = power supply present and OK."),
+    _m("gpuwatch_host_temperature_celsius", "gauge", ("chip", "sensor"), "Host temperature sensor."),
+    _m("gpuwatch_host_fan_rpm", "gauge", ("chip", "sensor"), "Host fan speed."),
+)
+
+CATALOGUE: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+# The names `--disable-collector` takes (spec/metrics.md).
+COLLECTORS: tuple[str, ...] = ("nvml", "amdsmi", "xid_events", "hwmon", "ipmi", "probe")

@@ -1,0 +1,204 @@
+"""SampleStore: the latest readings, the counters the agent accumulates, and the events it has seen.
+
+Writers are the poll job, the event thread and (later) the probe runner; the only reader is the exporter, which takes
+an immutable snapshot so a scrape never waits on a vendor call and never sees a half-written poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
+
+# Two reports of the same XID on the same GPU from different sources (NVML event, kernel log) this close in time
+# are one event.
+XID_DEDUP_WINDOW_SECONDS = 5.0
+STALE_AFTER_POLLS = 3
+
+
+@dataclass(slots=True)
+class CollectorStatus:
+    interval_seconds: float
+    success: bool | None = None  # None: not run yet
+    duration_seconds: float = 0.0
+    last_run_timestamp: float | None = None
+    errors_total: int = 0
+
+
+@dataclass(slots=True)
+class XidCount:
+    total: int = 0
+    last_timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    """A consistent, read-only view for one scrape."""
+
+    now: float
+    poll_interval_seconds: float
+    identities: dict[str, GpuIdentity]
+    samples: dict[str, GpuSample]  # only GPUs whose last poll succeeded (freshness judged by fresh())
+    gpu_errors: dict[str, str]
+    throttle_seconds: dict[str, dict[str, float]]
+    xids: dict[tuple[str, int], XidCount]
+    resets: dict[str, int]
+    backends: dict[str, tuple[bool, str]]
+    collectors: dict[str, CollectorStatus]
+    gpus_expected: dict[str, int]
+    configured_power_limit_watts: float | None
+
+    def fresh(self, uuid: str) -> GpuSample | None:
+        """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
+        sample = self.samples.get(uuid)
+        if sample is None or uuid in self.gpu_errors:
+            return None
+        if self.now - sample.timestamp > STALE_AFTER_POLLS * self.poll_interval_seconds:
+            return None
+        return sample
+
+
+class SampleStore:
+    def __init__(self, *, poll_interval_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.poll_interval_seconds = poll_interval_seconds
+        self._identities: dict[str, GpuIdentity] = {}
+        self._samples: dict[str, GpuSample] = {}
+        self._errors: dict[str, str] = {}
+        self._throttle: dict[str, dict[str, float]] = {}
+        self._xids: dict[tuple[str, int], XidCount] = {}
+        self._xid_seen: dict[tuple[str, int], list[tuple[float, str]]] = {}
+        self._resets: dict[str, int] = {}
+        self._backends: dict[str, tuple[bool, str]] = {}
+        self._collectors: dict[str, CollectorStatus] = {}
+        self._expected: dict[str, int] = {}
+        self.configured_power_limit_watts: float | None = None
+
+    # --- writers -------------------------------------------------------------------------------------------
+
+    def add_known(self, identities: Iterable[GpuIdentity]) -> None:
+        """GPUs remembered from earlier runs: exported as lost until a poll finds them."""
+        with self._lock:
+            for identity in identities:
+                self._identities.setdefault(identity.uuid, identity)
+
+    def register_collector(self, name: str, interval_seconds: float) -> None:
+        with self._lock:
+            self._collectors.setdefault(name, CollectorStatus(interval_seconds)).interval_seconds = interval_seconds
+
+    def record_collector_run(self, name: str, *, success: bool, duration_seconds: float) -> None:
+        with self._lock:
+            status = self._collectors.setdefault(name, CollectorStatus(self.poll_interval_seconds))
+            status.success = success
+            status.duration_seconds = duration_seconds
+            status.last_run_timestamp = self._clock()
+            if not success:
+                status.errors_total += 1
+
+    def set_backend(self, name: str, up: bool, message: str = "") -> None:
+        with self._lock:
+            self._backends[name] = (up, message)
+
+    def set_expected(self, vendor: str, count: int) -> None:
+        with self._lock:
+            self._expected[vendor] = count
+
+    def record_poll(self, readings: Iterable[GpuReading]) -> None:
+        """Store one poll's readings, accumulating throttle time between this sample and the previous one."""
+        with self._lock:
+            for reading in readings:
+                uuid = reading.identity.uuid
+                self._identities[uuid] = reading.identity
+                if reading.sample is None:
+                    self._errors[uuid] = reading.error or "unreadable"
+                    self._samples.pop(uuid, None)
+                    continue
+                self._errors.pop(uuid, None)
+                self._accumulate_throttle(uuid, self._samples.get(uuid), reading.sample)
+                self._samples[uuid] = reading.sample
+
+    def _accumulate_throttle(self, uuid: str, previous: GpuSample | None, current: GpuSample) -> None:
+        """Grow each reason's counter by the device's own counter delta where both polls have one, else by the
+        poll interval while the reason is active — so a short event between two scrapes is still counted."""
+        totals = self._throttle.setdefault(uuid, {})
+        for reason in (*current.throttle_active, *current.throttle_counter_seconds):
+            totals.setdefault(reason, 0.0)
+        if previous is None or current.timestamp <= previous.timestamp:
+            return
+        elapsed = current.timestamp - previous.timestamp
+        # Never attribute a gap the agent did not watch (a hung call, a suspended host) to a throttle reason.
+        watched = min(elapsed, STALE_AFTER_POLLS * self.poll_interval_seconds)
+        for reason in totals:
+            now_counter = current.throttle_counter_seconds.get(reason)
+            before_counter = previous.throttle_counter_seconds.get(reason)
+            if now_counter is not None and before_counter is not None and now_counter >= before_counter:
+                totals[reason] += min(now_counter - before_counter, elapsed)
+            elif current.throttle_active.get(reason):
+                totals[reason] += watched
+
+    def add_events(self, events: Iterable[GpuEvent]) -> None:
+        with self._lock:
+            for event in events:
+                if event.kind == "reset":
+                    self._resets[event.uuid] = self._resets.get(event.uuid, 0) + 1
+                elif event.kind == "xid" and event.code is not None:
+                    self._add_xid(event)
+
+    def _add_xid(self, event: GpuEvent) -> None:
+        assert event.code is not None
+        key = (event.uuid, event.code)
+        seen = self._xid_seen.setdefault(key, [])
+        for when, source in seen:
+            same_report = source == event.source and when == event.timestamp
+            other_source_twin = source != event.source and abs(when - event.timestamp) <= XID_DEDUP_WINDOW_SECONDS
+            if same_report or other_source_twin:
+                return
+        seen.append((event.timestamp, event.source))
+        del seen[:-32]
+        count = self._xids.setdefault(key, XidCount())
+        count.total += 1
+        count.last_timestamp = max(count.last_timestamp, event.timestamp)
+
+    def ensure_resets_counter(self, uuid: str) -> None:
+        """Reset counters exist from start-up at 0 for GPUs whose backend reports resets."""
+        with self._lock:
+            self._resets.setdefault(uuid, 0)
+
+    # --- readers -------------------------------------------------------------------------------------------
+
+    def identity_by_pci(self, normalized_bus_id: str, normalize: Callable[[str], str]) -> GpuIdentity | None:
+        with self._lock:
+            for identity in self._identities.values():
+                if identity.pci_bus_id and normalize(identity.pci_bus_id) == normalized_bus_id:
+                    return identity
+        return None
+
+    def identities(self) -> dict[str, GpuIdentity]:
+        with self._lock:
+            return dict(self._identities)
+
+    def snapshot(self) -> StoreSnapshot:
+        with self._lock:
+            return StoreSnapshot(
+                now=self._clock(),
+                poll_interval_seconds=self.poll_interval_seconds,
+                identities=dict(self._identities),
+                samples=dict(self._samples),
+                gpu_errors=dict(self._errors),
+                throttle_seconds={uuid: dict(totals) for uuid, totals in self._throttle.items()},
+                xids={key: XidCount(c.total, c.last_timestamp) for key, c in self._xids.items()},
+                resets=dict(self._resets),
+                backends=dict(self._backends),
+                collectors={
+                    name: CollectorStatus(
+                        s.interval_seconds, s.success, s.duration_seconds, s.last_run_timestamp, s.errors_total
+                    )
+                    for name, s in self._collectors.items()
+                },
+                gpus_expected=dict(self._expected),
+                configured_power_limit_watts=self.configured_power_limit_watts,
+            )

@@ -1,0 +1,108 @@
+"""Configuration: TOML + flags, and every bad input named precisely (exit 78 from the CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.config import ConfigError, load_config, parse_listen
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config(None)
+    assert config.agent.listen == ":9845"
+    assert config.agent.poll_interval_seconds == 1.0
+    assert config.agent.backend == "auto"
+    assert config.source == "defaults"
+
+
+def test_file_values_and_flag_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[agent]\nlisten = "127.0.0.1:9000"\npoll_interval_seconds = 2\n'
+        "[gpus]\nexpected_nvidia = 8\npower_limit_watts = 650\n",
+    )
+    config = load_config(path, {"agent": {"poll_interval_seconds": 0.5}})
+    assert config.agent.listen == "127.0.0.1:9000"
+    assert config.agent.poll_interval_seconds == 0.5  # the flag wins
+    assert config.gpus.expected_nvidia == 8
+    assert config.gpus.power_limit_watts == 650.0
+    assert config.expected_gpus("nvidia") == 8
+    assert config.expected_gpus("amd") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ("[agnet]\n", "[agnet]", "did you mean 'agent'"),
+        ('[agent]\nlisten_adress = ":1"\n', "agent.listen_adress", "did you mean 'listen'"),
+        ('[agent]\npoll_interval_seconds = "fast"\n', "agent.poll_interval_seconds", "must be a number"),
+        ("[agent]\npoll_interval_seconds = 0\n", "agent.poll_interval_seconds", "between 0.05 and 3600"),
+        ('[agent]\nbackend = "cuda"\n', "agent.backend", "must be one of"),
+        ('[agent]\nlisten = "9845"\n', "agent.listen", "is not HOST:PORT"),
+        ('[agent]\nlisten = ":99999"\n', "agent.listen", "from 0 to 65535"),
+        ('[agent]\ndisable_collectors = ["gpu"]\n', "agent.disable_collectors", "no collector"),
+        ("[gpus]\nexpected_nvidia = true\n", "gpus.expected_nvidia", "whole number"),
+        ("[gpus]\nexpected_nvidia = -1\n", "gpus.expected_nvidia", "between 0 and 1024"),
+        ("agent = 3\n", "agent", "must be a [agent] table"),
+        ("[agent]\nslow_poll_interval_seconds = 0.1\n", "agent.slow_poll_interval_seconds", "at least the poll"),
+    ],
+)
+def test_bad_values_name_the_file_key_and_problem(tmp_path: Path, text: str, key: str, problem: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert problem in info.value.problem
+    assert str(path) in str(info.value)
+
+
+def test_unparsable_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[agent\n"))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(binary)
+
+
+def test_bad_flag_value_is_named_as_command_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"agent": {"poll_interval_seconds": -1.0}})
+    assert info.value.key == "agent.poll_interval_seconds"
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [(":9845", ("", 9845)), ("127.0.0.1:1", ("127.0.0.1", 1)), ("[::1]:9845", ("::1", 9845))],
+)
+def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(listen) == expected
+
+
+def test_state_dir_from_systemd_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/gpuwatch-test")
+    assert load_config(None).state_dir == Path("/var/lib/gpuwatch-test")
+    assert load_config(None, {"agent": {"state_dir": "/tmp/x"}}).state_dir == Path("/tmp/x")
+
+
+def test_example_config_is_valid_and_complete() -> None:
+    """The shipped example names every key with its default, so the README and the file cannot drift."""
+    example = Path(__file__).resolve().parent.parent / "deploy" / "config.example.toml"
+    config = load_config(example)
+    assert config.agent == load_config(None).agent
+    text = example.read_text()
+    from dataclasses import fields
+
+    for section in ("agent", "simulated", "gpus", "xid"):
+        for f in fields(getattr(config, section)):
+            assert f"{f.name} =" in text, f"{section}.{f.name} is not documented in {example.name}"
