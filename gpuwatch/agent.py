@@ -1,0 +1,393 @@
+"""Wiring: vendor backends, the poll schedule, the event threads, the store and the HTTP server.
+
+The poll job runs on an APScheduler BackgroundScheduler (one instance at a time, missed runs coalesced), so a slow or
+hung vendor call delays only the next poll — never a scrape, which reads the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from gpuwatch.backends.base import Backend, BackendUnavailable
+from gpuwatch.config import Config, ConfigError, load_config, parse_listen
+from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.kmsg import KernelLogXidReader, normalize_pci_bus_id
+from gpuwatch.model import GpuEvent
+from gpuwatch.pci import count_pci_gpus
+from gpuwatch.statefile import KnownGpus, StateDirError, atomic_write_json
+from gpuwatch.status_page import render_status_page
+from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
+from gpuwatch.web import HttpServer, make_app
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 60.0
+EVENT_WAIT_SECONDS = 1.0
+STOP_GRACE_SECONDS = 1.5
+
+
+class StartupError(Exception):
+    """A resource the agent cannot work without is unavailable (exit 69)."""
+
+
+@dataclass(slots=True)
+class BackendSlot:
+    """One vendor library and its retry state: opened lazily, reopened with backoff after it fails."""
+
+    name: str
+    vendor: str
+    factory: Callable[[], Backend]
+    backend: Backend | None = None
+    next_attempt: float = 0.0
+    backoff: float = 1.0
+    last_slow_poll: float = -math.inf
+    down_reported: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(slots=True)
+class NodeSources:
+    """What the agent reads on this node: the backends it needs and the PCI view that sets expectations."""
+
+    slots: list[BackendSlot]
+    pci_gpu_counts: Callable[[], dict[str, int]]
+    kernel_log: KernelLogXidReader | None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        sources: NodeSources,
+        *,
+        reload_config: Callable[[], Config] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._sources = sources
+        self._reload_config = reload_config
+        self._clock = clock
+        self._monotonic = monotonic
+        self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
+        self.store.configured_power_limit_watts = config.gpus.power_limit_watts
+        self._known = KnownGpus(config.state_dir)
+        self._stop = threading.Event()
+        self._reload_requested = threading.Event()
+        self._started_at = clock()
+        self._scheduler: BackgroundScheduler | None = None
+        self._http: HttpServer | None = None
+        self._threads: list[threading.Thread] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GpuwatchCollector(self.store))
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        assert self._http is not None
+        return self._http.port
+
+    def start(self) -> None:
+        """Claim what the agent cannot run without (state dir, port), then start polling and serving."""
+        self._check_state_dir()
+        self.store.add_known(self._known.load().values())
+        host, port = parse_listen(self.config.agent.listen)
+        app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()))
+        self._http = HttpServer(host, port, app)
+        self._update_expected()
+        for slot in self._active_slots():
+            self.store.register_collector(slot.name, self.config.agent.poll_interval_seconds)
+        self._start_scheduler()
+        self._start_event_threads()
+        self._http.start()
+        log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
+
+    def _check_state_dir(self) -> None:
+        probe = self.config.state_dir / ".gpuwatch-write-test"
+        try:
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(probe, {"kind": "write-test", "version": 1})
+            probe.unlink()
+        except (OSError, StateDirError) as exc:
+            raise StartupError(
+                f"state dir {self.config.state_dir} is not writable ({exc}); create it for the agent's user "
+                "or pass --state-dir"
+            ) from None
+
+    def _start_scheduler(self) -> None:
+        scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
+        scheduler.add_job(
+            self.poll_once,
+            "interval",
+            seconds=self.config.agent.poll_interval_seconds,
+            id="poll",
+            next_run_time=None,
+        )
+        scheduler.start()
+        # The first poll runs at once so the first scrape is complete.
+        job = scheduler.get_job("poll")
+        if job is not None:
+            job.modify(next_run_time=_now_local())
+        self._scheduler = scheduler
+
+    def _start_event_threads(self) -> None:
+        if "xid_events" in self.config.agent.disable_collectors:
+            return
+        self.store.register_collector("xid_events", EVENT_WAIT_SECONDS)
+        for slot in self._active_slots():
+            thread = threading.Thread(target=self._event_loop, args=(slot,), name=f"events-{slot.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def run_until_signalled(self) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        while not self._stop.wait(0.2):
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self.reload()
+
+    def _on_stop_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self._stop.set()
+
+    def _on_reload_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        self._reload_requested.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
+        self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        if self._http is not None:
+            self._http.stop()
+        closer = threading.Thread(target=self._close_backends, name="close", daemon=True)
+        closer.start()
+        closer.join(STOP_GRACE_SECONDS)
+        if closer.is_alive():
+            log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
+
+    def _close_backends(self) -> None:
+        for slot in self._sources.slots:
+            with slot.lock:
+                if slot.backend is not None:
+                    slot.backend.close()
+                    slot.backend = None
+
+    # --- polling -------------------------------------------------------------------------------------------
+
+    def _active_slots(self) -> list[BackendSlot]:
+        disabled = self.config.agent.disable_collectors
+        return [slot for slot in self._sources.slots if slot.name not in disabled]
+
+    def poll_once(self) -> None:
+        """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
+        for slot in self._active_slots():
+            started = self._monotonic()
+            try:
+                ok = self._poll_slot(slot)
+            except Exception:
+                log.exception("%s poll failed unexpectedly", slot.name)
+                ok = False
+            self.store.record_collector_run(slot.name, success=ok, duration_seconds=self._monotonic() - started)
+        self._known.remember(self.store.identities().values())
+
+    def _poll_slot(self, slot: BackendSlot) -> bool:
+        now = self._monotonic()
+        backend = slot.backend
+        if backend is None:
+            if now < slot.next_attempt:
+                return False
+            backend = self._open(slot, now)
+            if backend is None:
+                return False
+        slow = now - slot.last_slow_poll >= self.config.agent.slow_poll_interval_seconds
+        try:
+            readings = backend.poll(slow=slow)
+        except BackendUnavailable as exc:
+            self._backend_failed(slot, now, str(exc))
+            with slot.lock:
+                backend.close()
+                slot.backend = None
+            return False
+        if slow:
+            slot.last_slow_poll = now
+        self.store.record_poll(readings)
+        return True
+
+    def _open(self, slot: BackendSlot, now: float) -> Backend | None:
+        try:
+            backend = slot.factory()
+            backend.open()
+        except BackendUnavailable as exc:
+            self._backend_failed(slot, now, str(exc))
+            return None
+        with slot.lock:
+            slot.backend = backend
+        slot.backoff = 1.0
+        slot.last_slow_poll = -math.inf
+        self.store.set_backend(slot.name, True)
+        if slot.down_reported:
+            log.info("%s is available again", slot.name)
+        slot.down_reported = False
+        return backend
+
+    def _backend_failed(self, slot: BackendSlot, now: float, message: str) -> None:
+        """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
+        self.store.set_backend(slot.name, False, message)
+        if not slot.down_reported:
+            log.error("%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS)
+            slot.down_reported = True
+        slot.next_attempt = now + slot.backoff
+        slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _update_expected(self) -> None:
+        counts = self._sources.pci_gpu_counts()
+        needed = {slot.vendor for slot in self._sources.slots}
+        for vendor in sorted(needed | {v for v, n in counts.items() if n}):
+            configured = self.config.expected_gpus(vendor)
+            self.store.set_expected(vendor, configured if configured is not None else counts.get(vendor, 0))
+
+    # --- events --------------------------------------------------------------------------------------------
+
+    def _event_loop(self, slot: BackendSlot) -> None:
+        reader = self._sources.kernel_log if slot.vendor == "nvidia" else None
+        while not self._stop.is_set():
+            started = self._monotonic()
+            ok = True
+            try:
+                events = self._wait_events(slot)
+                if reader is not None:
+                    events.extend(self._kernel_xids(reader))
+                self.store.add_events(events)
+            except Exception:
+                log.exception("event reader for %s failed", slot.name)
+                ok = False
+                self._stop.wait(EVENT_WAIT_SECONDS)
+            self.store.record_collector_run("xid_events", success=ok, duration_seconds=self._monotonic() - started)
+
+    def _wait_events(self, slot: BackendSlot) -> list[GpuEvent]:
+        backend = slot.backend
+        if backend is None:
+            self._stop.wait(EVENT_WAIT_SECONDS)
+            return []
+        return backend.wait_events(EVENT_WAIT_SECONDS)
+
+    def _kernel_xids(self, reader: KernelLogXidReader) -> list[GpuEvent]:
+        events = []
+        for xid in reader.read_new():
+            identity = self.store.identity_by_pci(normalize_pci_bus_id(xid.pci_bus_id), normalize_pci_bus_id)
+            if identity is not None:
+                events.append(GpuEvent(identity.uuid, "xid", xid.timestamp, code=xid.xid, source="kmsg"))
+        return events
+
+    # --- health and reload ---------------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """Healthy while every poll collector finished a run recently and no GPU's readings went stale."""
+        snap = self.store.snapshot()
+        limit = STALE_AFTER_POLLS * snap.poll_interval_seconds
+        for slot in self._active_slots():
+            status = snap.collectors.get(slot.name)
+            last = status.last_run_timestamp if status else None
+            since = snap.now - (last if last is not None else self._started_at)
+            if since > limit + (0 if last is not None else 5.0):
+                return False, f"{slot.name} poll has not finished for {since:.1f} s (a hung vendor call?)"
+        for uuid, sample in snap.samples.items():
+            if uuid not in snap.gpu_errors and snap.now - sample.timestamp > limit:
+                return False, f"GPU {uuid} readings are {snap.now - sample.timestamp:.1f} s old"
+        return True, "ok"
+
+    def reload(self) -> None:
+        """Apply a re-read configuration where it can change live; say which settings need a restart."""
+        if self._reload_config is None:
+            return
+        try:
+            new = self._reload_config()
+        except ConfigError as exc:
+            log.error("configuration not reloaded, keeping the running one: %s", exc)
+            return
+        old = self.config
+        for key in ("listen", "web_config", "backend", "state_dir"):
+            if getattr(old.agent, key) != getattr(new.agent, key):
+                log.warning("agent.%s changed: takes effect after a restart", key)
+        if old.simulated != new.simulated:
+            log.warning("[simulated] changed: takes effect after a restart")
+        logging.getLogger().setLevel(new.agent.log_level.upper())
+        self.config = new
+        self.store.poll_interval_seconds = new.agent.poll_interval_seconds
+        self.store.configured_power_limit_watts = new.gpus.power_limit_watts
+        self._update_expected()
+        for slot in self._active_slots():
+            self.store.register_collector(slot.name, new.agent.poll_interval_seconds)
+        if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:
+            self._scheduler.reschedule_job("poll", trigger="interval", seconds=new.agent.poll_interval_seconds)
+        log.info("configuration reloaded from %s", new.source)
+
+
+def _now_local() -> Any:
+    from datetime import datetime
+
+    return datetime.now().astimezone()
+
+
+def build_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:
+    """Choose the backends this node needs (spec: only those whose GPUs are on the bus or that are configured)."""
+    backend = config.agent.backend
+    if backend == "simulated":
+        return _simulated_sources(config)
+    counts = count_pci_gpus(sysfs_root)
+    slots: list[BackendSlot] = []
+    wants_nvidia = backend == "nvml" or (
+        backend == "auto" and (counts.get("nvidia", 0) > 0 or config.gpus.expected_nvidia)
+    )
+    if backend == "amdsmi" or (backend == "auto" and (counts.get("amd", 0) > 0 or config.gpus.expected_amd)):
+        raise ConfigError(config.source, "agent.backend", "AMD GPUs need the amdsmi backend, not in this version yet")
+    if wants_nvidia:
+        slots.append(BackendSlot("nvml", "nvidia", _nvml_factory))
+    if not slots:
+        log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
+    kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
+    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log)
+
+
+def _nvml_factory() -> Backend:
+    from gpuwatch.backends.nvml import NvmlBackend, load_pynvml
+
+    return NvmlBackend(load_pynvml())
+
+
+def _simulated_sources(config: Config) -> NodeSources:
+    from gpuwatch.backends.nvml import NvmlBackend
+    from gpuwatch.simulated.nvml_lib import SimulatedNvml
+    from gpuwatch.simulated.scenarios import SimulatedNode
+
+    sim = config.simulated
+    if sim.vendor != "nvidia":
+        raise ConfigError(config.source, "simulated.vendor", "the simulated AMD node is not in this version yet")
+    node = SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
+    lib = SimulatedNvml(node)
+    slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+    return NodeSources([slot], node.pci_gpu_counts, None)
+
+
+def load_for_reload(path: Path | None, overrides: dict[str, dict[str, Any]]) -> Callable[[], Config]:
+    return lambda: load_config(path, overrides)

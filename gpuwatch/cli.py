@@ -1,0 +1,197 @@
+"""The `gpuwatch` command line (spec/cli.md): parses flags, calls into the rest, prints.
+
+Exit status: 0 success, 2 bad usage, 69 a resource the agent cannot work without, 78 invalid configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuwatch import __version__
+from gpuwatch.config import (
+    BACKENDS,
+    DEFAULT_CONFIG_PATH,
+    LOG_LEVELS,
+    VENDORS,
+    Config,
+    ConfigError,
+    load_config,
+)
+from gpuwatch.metrics import COLLECTORS
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+EXIT_CONFIG = 78
+
+log = logging.getLogger("gpuwatch")
+
+
+def _scenario_help() -> str:
+    from gpuwatch.simulated.scenarios import SCENARIOS
+
+    return "; ".join(f"{name}: {info.description}" for name, info in SCENARIOS.items())
+
+
+def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    parser.add_argument("--config", type=Path, help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
+    parser.add_argument("--listen", help="HOST:PORT to serve on (default :9845)")
+    parser.add_argument("--state-dir", type=Path, help="where known GPUs are kept (default $STATE_DIRECTORY, "
+                        "else /var/lib/gpuwatch)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS)
+    parser.add_argument("--poll-interval", type=float, metavar="SECONDS", help="fast poll interval (default 1)")
+    if not demo:
+        parser.add_argument("--backend", choices=BACKENDS, help="vendor library to use (default auto)")
+        parser.add_argument(
+            "--disable-collector", action="append", choices=COLLECTORS, default=None, metavar="NAME",
+            help=f"turn a collector off (repeatable): {', '.join(COLLECTORS)}",
+        )
+    _add_simulation_flags(parser)
+
+
+def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", metavar="NAME", help="simulated scenario (with --backend simulated); "
+                        "see `gpuwatch demo --help`")
+    parser.add_argument("--vendor", choices=VENDORS, help="simulated GPU vendor (default nvidia)")
+    parser.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (default 8)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuwatch", description="GPU fleet health agent for Prometheus.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="the agent: poll GPUs and serve /metrics")
+    _add_agent_flags(run)
+    demo = sub.add_parser(
+        "demo",
+        help="the agent on a simulated 8-GPU node (default scenario mixed)",
+        description="Scenarios: " + _scenario_help(),
+    )
+    _add_agent_flags(demo, demo=True)
+    snap = sub.add_parser("snapshot", help="one reading of every GPU, printed, then exit")
+    snap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    snap.add_argument("--config", type=Path)
+    snap.add_argument("--backend", choices=BACKENDS)
+    _add_simulation_flags(snap)
+    check = sub.add_parser("check", help="validate the configuration and the environment")
+    check.add_argument("--config", type=Path)
+    check.add_argument("--backend", choices=BACKENDS)
+    check.add_argument("--listen")
+    check.add_argument("--state-dir", type=Path)
+    sub.add_parser("version", help="versions of gpuwatch and the vendor libraries found")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Flags win over the file (spec/cli.md)."""
+    agent: dict[str, Any] = {}
+    simulated: dict[str, Any] = {}
+    for flag, key in (("listen", "listen"), ("backend", "backend"), ("log_level", "log_level"),
+                      ("poll_interval", "poll_interval_seconds")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            agent[key] = value
+    if getattr(args, "state_dir", None) is not None:
+        agent["state_dir"] = str(args.state_dir)
+    if getattr(args, "disable_collector", None):
+        agent["disable_collectors"] = list(args.disable_collector)
+    for flag in ("scenario", "vendor", "gpus"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            simulated[flag] = value
+    out: dict[str, dict[str, Any]] = {}
+    if agent:
+        out["agent"] = agent
+    if simulated:
+        out["simulated"] = simulated
+    return out
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    if args.config is not None:
+        return Path(args.config)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # APScheduler warns on every skipped run while a poll hangs; the agent reports that itself, once.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"gpuwatch: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from gpuwatch import commands
+
+    if args.command == "version":
+        return commands.version()
+    if args.command == "demo":
+        overrides = _overrides(args)
+        overrides.setdefault("agent", {})["backend"] = "simulated"
+        if "state_dir" not in overrides["agent"]:
+            overrides["agent"]["state_dir"] = str(Path(tempfile.gettempdir()) / f"gpuwatch-demo-{os.getuid()}")
+        path = _config_path(args) if args.config else None
+        config = load_config(path, overrides)
+        return _run_agent(config, path, overrides, announce=True)
+    path = _config_path(args)
+    overrides = _overrides(args)
+    config = load_config(path, overrides)
+    if args.command == "run":
+        return _run_agent(config, path, overrides, announce=False)
+    if args.command == "snapshot":
+        return commands.snapshot(config, as_json=args.json)
+    if args.command == "check":
+        return commands.check(config)
+    raise AssertionError(args.command)
+
+
+def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str, Any]], *, announce: bool) -> int:
+    from gpuwatch.agent import Agent, StartupError, build_sources, load_for_reload
+    from gpuwatch.web import ListenError
+
+    _setup_logging(config.agent.log_level)
+    agent = Agent(config, build_sources(config), reload_config=load_for_reload(path, overrides))
+    try:
+        agent.start()
+    except (StartupError, ListenError) as exc:
+        print(f"gpuwatch: {exc}", file=sys.stderr)
+        agent.stop()
+        return EXIT_UNAVAILABLE
+    if announce:
+        scenario = config.simulated.scenario
+        print(f"gpuwatch demo: simulated {config.simulated.gpus}-GPU node, scenario {scenario!r}", flush=True)
+        print(f"  metrics:     http://127.0.0.1:{agent.port}/metrics", flush=True)
+        print(f"  status page: http://127.0.0.1:{agent.port}/", flush=True)
+        print("  stop with Ctrl-C", flush=True)
+    agent.run_until_signalled()
+    agent.stop()
+    _exit_even_if_a_vendor_call_hangs()
+    return EXIT_OK
+
+
+def _exit_even_if_a_vendor_call_hangs() -> None:
+    """A poll thread stuck in a driver call would block interpreter exit forever; leave without joining it."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

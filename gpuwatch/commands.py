@@ -1,0 +1,187 @@
+"""The one-shot commands: version, snapshot and check."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuwatch import __version__
+from gpuwatch.agent import BackendSlot, StartupError, build_sources
+from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.config import Config, parse_listen
+from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.model import GpuReading
+from gpuwatch.statefile import StateDirError, atomic_write_json
+
+EXIT_OK = 0
+EXIT_UNAVAILABLE = 69
+
+
+def version() -> int:
+    print(f"gpuwatch {__version__} (Python {platform.python_version()})")
+    for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "APScheduler", "psutil"):
+        print(f"  {package}: {_package_version(package) or 'not installed'}")
+    try:
+        from gpuwatch.backends.nvml import NvmlBackend, load_pynvml
+
+        backend = NvmlBackend(load_pynvml())
+        backend.open()
+        try:
+            for name, value in backend.versions().items():
+                print(f"  {name}: {value}")
+        finally:
+            backend.close()
+    except BackendUnavailable as exc:
+        print(f"  NVIDIA driver: {exc}")
+    return EXIT_OK
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _read_all(config: Config) -> tuple[list[GpuReading], dict[str, str]]:
+    """Open every backend the node needs, read all tiers once, close."""
+    readings: list[GpuReading] = []
+    problems: dict[str, str] = {}
+    for slot in build_sources(config).slots:
+        try:
+            backend = slot.factory()
+            backend.open()
+        except BackendUnavailable as exc:
+            problems[slot.name] = str(exc)
+            continue
+        try:
+            readings.extend(backend.poll(slow=True))
+        except BackendUnavailable as exc:
+            problems[slot.name] = str(exc)
+        finally:
+            backend.close()
+    return readings, problems
+
+
+def snapshot(config: Config, *, as_json: bool) -> int:
+    readings, problems = _read_all(config)
+    if as_json:
+        print(json.dumps({"gpus": [_reading_json(r) for r in readings], "backend_errors": problems}, indent=2))
+    else:
+        _print_table(readings, problems)
+    return EXIT_OK if not problems else EXIT_UNAVAILABLE
+
+
+def _reading_json(reading: GpuReading) -> dict[str, Any]:
+    sample = None
+    if reading.sample is not None:
+        sample = {key: _jsonable(value) for key, value in dataclasses.asdict(reading.sample).items()}
+    return {"identity": dataclasses.asdict(reading.identity), "sample": sample, "error": reading.error}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {"/".join(k) if isinstance(k, tuple) else k: v for k, v in value.items()}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _print_table(readings: list[GpuReading], problems: dict[str, str]) -> None:
+    for name, message in problems.items():
+        print(f"{name}: unavailable: {message}")
+    header = f"{'GPU':>3}  {'model':<24} {'core':>5} {'mem':>5} {'power W':>13} {'SM MHz':>6} {'util':>5}  throttling"
+    print(header)
+    for reading in readings:
+        ident, s = reading.identity, reading.sample
+        if s is None:
+            print(f"{ident.index:>3}  {ident.model[:24]:<24} LOST: {reading.error}")
+            continue
+        reasons = ",".join(sorted(r for r, on in s.throttle_active.items() if on)) or "-"
+        power = f"{_fmt(s.power_watts)}/{_fmt(s.power_limit_watts.get('enforced'))}"
+        sm = s.clock_hertz.get("sm")
+        util = None if s.utilization_ratio is None else s.utilization_ratio * 100
+        print(
+            f"{ident.index:>3}  {ident.model[:24]:<24} {_fmt(s.temperature_celsius.get('core')):>5} "
+            f"{_fmt(s.temperature_celsius.get('memory')):>5} {power:>13} "
+            f"{_fmt(None if sm is None else sm / 1e6):>6} {_fmt(util):>4}%  {reasons}"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def check(config: Config) -> int:
+    """Say, line by line, whether the agent can run here; exit 0 only if it can."""
+    failures = 0
+
+    def report(ok: bool, what: str, detail: str) -> None:
+        nonlocal failures
+        failures += 0 if ok else 1
+        print(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
+
+    print(f"[ok] configuration: {config.source}")
+    sources = build_sources(config)
+    print(f"[ok] PCI bus: {sources.pci_gpu_counts()}")
+    if not sources.slots:
+        report(False, "GPU backends", "none needed: no NVIDIA or AMD GPU on the PCI bus and none configured")
+    for slot in sources.slots:
+        report(*_check_backend(slot))
+    for device in sorted(Path("/dev").glob("nvidia*")) if config.agent.backend != "simulated" else []:
+        readable = os.access(device, os.R_OK | os.W_OK)
+        report(readable, f"device {device}", "read/write" if readable else "no read/write access for this user")
+    report(*_check_state_dir(config))
+    report(*_check_port(config))
+    if config.xid.kernel_log and config.agent.backend != "simulated":
+        reader = KernelLogXidReader(Path(config.xid.kernel_log))
+        # Optional: the NVML event stream still delivers XIDs without it.
+        print(f"[{'ok' if reader.available else 'warn'}] kernel log {config.xid.kernel_log}: "
+              f"{'readable' if reader.available else reader.reason}")
+    return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
+
+
+def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
+    try:
+        backend = slot.factory()
+        backend.open()
+    except BackendUnavailable as exc:
+        return False, f"backend {slot.name}", str(exc)
+    try:
+        gpus = len(backend.poll(slow=False))
+        versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
+    finally:
+        backend.close()
+    return True, f"backend {slot.name}", f"{gpus} GPU(s); {versions}"
+
+
+def _check_state_dir(config: Config) -> tuple[bool, str, str]:
+    path = config.state_dir
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path / ".gpuwatch-check", {"kind": "write-test", "version": 1})
+        (path / ".gpuwatch-check").unlink()
+    except (OSError, StateDirError, StartupError) as exc:
+        return False, f"state dir {path}", f"not writable: {exc}"
+    return True, f"state dir {path}", "writable"
+
+
+def _check_port(config: Config) -> tuple[bool, str, str]:
+    host, port = parse_listen(config.agent.listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return False, f"listen {config.agent.listen}", f"cannot bind: {exc.strerror}"
+    return True, f"listen {config.agent.listen}", "free"
+
+

@@ -1,0 +1,114 @@
+"""The agent's HTTP server: /metrics, /healthz and a plain status page, one thread per request.
+
+A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+Environ = dict[str, Any]
+HealthCheck = Callable[[], tuple[bool, str]]
+StatusPage = Callable[[], str]
+
+MAX_REQUEST_LINE = 8192
+
+
+class ListenError(Exception):
+    """The listen address cannot be bound (port in use, permission, bad host): exit 69."""
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def make_app(registry: CollectorRegistry, health: HealthCheck, status_page: StatusPage) -> Callable[..., Any]:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            return _reply(start_response, "405 Method Not Allowed", b"use GET\n", extra=[("Allow", "GET, HEAD")])
+        if path == "/metrics":
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            ok, reason = health()
+            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
+        if path in ("/", "/index.html"):
+            return _reply(start_response, "200 OK", status_page().encode(), content_type="text/html; charset=utf-8")
+        return _reply(start_response, "404 Not Found", b"not found; try /metrics, /healthz or /\n")
+
+    return app
+
+
+def _reply(
+    start_response: StartResponse,
+    status: str,
+    body: bytes,
+    *,
+    content_type: str = "text/plain; charset=utf-8",
+    extra: list[tuple[str, str]] | None = None,
+) -> list[bytes]:
+    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *(extra or [])])
+    return [body]
+
+
+class HttpServer:
+    """Binds at construction (so a taken port is an immediate, clear error) and serves in a daemon thread."""
+
+    def __init__(self, host: str, port: int, app: Callable[..., Any]) -> None:
+        server_class = _server_class_for(host, port)
+        try:
+            self._server = make_server(host or "", port, app, server_class, handler_class=_QuietHandler)
+        except OSError as exc:
+            hint = {
+                errno.EADDRINUSE: "another process listens there; stop it or choose another --listen",
+                errno.EACCES: "ports below 1024 need privileges; choose a port above 1024",
+                errno.EADDRNOTAVAIL: "this host has no such address; use ':PORT' to listen on all",
+            }.get(exc.errno or 0, "check --listen")
+            raise ListenError(f"cannot listen on {host or '*'}:{port}: {exc.strerror} ({hint})") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _server_class_for(host: str, port: int) -> type[_Server]:
+    """An IPv6 host needs an AF_INET6 socket; ':PORT' listens on IPv4 all-interfaces like node_exporter's default."""
+    try:
+        family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot resolve listen host {host!r}: {exc}") from None
+
+    class Server(_Server):
+        address_family = family
+
+    return Server
