@@ -26,7 +26,7 @@ from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.kmsg import KernelLogXidReader, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
 from gpuwatch.pci import count_pci_gpus
-from gpuwatch.statefile import KnownGpus, StateDirError, atomic_write_json
+from gpuwatch.statefile import KnownGpus, StateDirError, check_state_dir
 from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
@@ -116,12 +116,9 @@ class Agent:
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
 
     def _check_state_dir(self) -> None:
-        probe = self.config.state_dir / ".gpuwatch-write-test"
         try:
-            self.config.state_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(probe, {"kind": "write-test", "version": 1})
-            probe.unlink()
-        except (OSError, StateDirError) as exc:
+            check_state_dir(self.config.state_dir)
+        except StateDirError as exc:
             raise StartupError(
                 f"state dir {self.config.state_dir} is not writable ({exc}); create it for the agent's user "
                 "or pass --state-dir"
@@ -254,7 +251,9 @@ class Agent:
         """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
         self.store.set_backend(slot.name, False, message)
         if not slot.down_reported:
-            log.error("%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS)
+            log.error(
+                "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
+            )
             slot.down_reported = True
         slot.next_attempt = now + slot.backoff
         slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuwatch import __version__
 from gpuwatch.config import (
     BACKENDS,
     DEFAULT_CONFIG_PATH,
@@ -44,22 +43,28 @@ def _scenario_help() -> str:
 def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
     parser.add_argument("--config", type=Path, help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
     parser.add_argument("--listen", help="HOST:PORT to serve on (default :9845)")
-    parser.add_argument("--state-dir", type=Path, help="where known GPUs are kept (default $STATE_DIRECTORY, "
-                        "else /var/lib/gpuwatch)")
+    parser.add_argument(
+        "--state-dir", type=Path, help="where known GPUs are kept (default $STATE_DIRECTORY, else /var/lib/gpuwatch)"
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS)
     parser.add_argument("--poll-interval", type=float, metavar="SECONDS", help="fast poll interval (default 1)")
     if not demo:
         parser.add_argument("--backend", choices=BACKENDS, help="vendor library to use (default auto)")
         parser.add_argument(
-            "--disable-collector", action="append", choices=COLLECTORS, default=None, metavar="NAME",
+            "--disable-collector",
+            action="append",
+            choices=COLLECTORS,
+            default=None,
+            metavar="NAME",
             help=f"turn a collector off (repeatable): {', '.join(COLLECTORS)}",
         )
     _add_simulation_flags(parser)
 
 
 def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", metavar="NAME", help="simulated scenario (with --backend simulated); "
-                        "see `gpuwatch demo --help`")
+    parser.add_argument(
+        "--scenario", metavar="NAME", help="simulated scenario (with --backend simulated); see `gpuwatch demo --help`"
+    )
     parser.add_argument("--vendor", choices=VENDORS, help="simulated GPU vendor (default nvidia)")
     parser.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (default 8)")
 
@@ -93,8 +98,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Flags win over the file (spec/cli.md)."""
     agent: dict[str, Any] = {}
     simulated: dict[str, Any] = {}
-    for flag, key in (("listen", "listen"), ("backend", "backend"), ("log_level", "log_level"),
-                      ("poll_interval", "poll_interval_seconds")):
+    for flag, key in (
+        ("listen", "listen"),
+        ("backend", "backend"),
+        ("log_level", "log_level"),
+        ("poll_interval", "poll_interval_seconds"),
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             agent[key] = value

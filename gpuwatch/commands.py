@@ -8,17 +8,16 @@ import json
 import os
 import platform
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from gpuwatch import __version__
-from gpuwatch.agent import BackendSlot, StartupError, build_sources
+from gpuwatch.agent import BackendSlot, build_sources
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import Config, parse_listen
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading
-from gpuwatch.statefile import StateDirError, atomic_write_json
+from gpuwatch.statefile import StateDirError, check_state_dir
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 69
@@ -141,10 +140,10 @@ def check(config: Config) -> int:
     report(*_check_state_dir(config))
     report(*_check_port(config))
     if config.xid.kernel_log and config.agent.backend != "simulated":
-        reader = KernelLogXidReader(Path(config.xid.kernel_log))
-        # Optional: the NVML event stream still delivers XIDs without it.
-        print(f"[{'ok' if reader.available else 'warn'}] kernel log {config.xid.kernel_log}: "
-              f"{'readable' if reader.available else reader.reason}")
+        with KernelLogXidReader(Path(config.xid.kernel_log)) as reader:
+            # Optional: the NVML event stream still delivers XIDs without it.
+            state = "readable" if reader.available else reader.reason
+            print(f"[{'ok' if reader.available else 'warn'}] kernel log {config.xid.kernel_log}: {state}")
     return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
 
 
@@ -165,10 +164,8 @@ def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
 def _check_state_dir(config: Config) -> tuple[bool, str, str]:
     path = config.state_dir
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path / ".gpuwatch-check", {"kind": "write-test", "version": 1})
-        (path / ".gpuwatch-check").unlink()
-    except (OSError, StateDirError, StartupError) as exc:
+        check_state_dir(path)
+    except StateDirError as exc:
         return False, f"state dir {path}", f"not writable: {exc}"
     return True, f"state dir {path}", "writable"
 
@@ -183,5 +180,3 @@ def _check_port(config: Config) -> tuple[bool, str, str]:
         except OSError as exc:
             return False, f"listen {config.agent.listen}", f"cannot bind: {exc.strerror}"
     return True, f"listen {config.agent.listen}", "free"
-
-

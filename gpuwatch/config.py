@@ -179,7 +179,9 @@ def _validate(config: Config) -> None:
         "must be at least the poll interval and at most a day",
     )
     for name in agent.disable_collectors:
-        check(name in COLLECTORS, "agent.disable_collectors", f"{name!r} is no collector; known: {', '.join(COLLECTORS)}")
+        check(
+            name in COLLECTORS, "agent.disable_collectors", f"{name!r} is no collector; known: {', '.join(COLLECTORS)}"
+        )
     try:
         parse_listen(agent.listen)
     except ValueError as exc:

@@ -22,7 +22,7 @@ class _Families:
     """Creates each family from the catalogue on first use and yields only those that got samples."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
+        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
     def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None:
         if value is None:
@@ -30,10 +30,10 @@ class _Families:
         family = self._families.get(name)
         if family is None:
             spec = CATALOGUE[name]
-            cls: Any = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+            cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
             family = cls(name, spec.help, labels=list(spec.labels))
             self._families[name] = family
-        family.add_metric(list(labels), float(value))  # type: ignore[attr-defined]
+        family.add_metric(list(labels), float(value))
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())

@@ -27,7 +27,9 @@ def render_status_page(snap: StoreSnapshot) -> str:
         name = f"{identity.index}<br><small>{html.escape(identity.model)}<br>{html.escape(identity.uuid)}</small>"
         if sample is None:
             why = snap.gpu_errors.get(identity.uuid, "no fresh readings")
-            rows.append(f'<tr><td class="l">{name}</td><td class="l bad" colspan="6">LOST: {html.escape(why)}</td></tr>')
+            rows.append(
+                f'<tr><td class="l">{name}</td><td class="l bad" colspan="6">LOST: {html.escape(why)}</td></tr>'
+            )
             continue
         rows.append(_gpu_row(name, sample, snap.configured_power_limit_watts))
     backends = ", ".join(

@@ -49,5 +49,5 @@ def test_counters_end_in_total_and_units_are_base_units() -> None:
 
 def test_collector_names_match_spec() -> None:
     text = (shared_dir() / "spec" / "metrics.md").read_text()
-    line = next(l for l in text.splitlines() if l.startswith("`collector` values:"))
+    line = next(row for row in text.splitlines() if row.startswith("`collector` values:"))
     assert tuple(re.findall(r"`(\w+)`", line.split(":", 1)[1])) == COLLECTORS

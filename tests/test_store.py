@@ -52,8 +52,9 @@ def test_device_counters_win_and_counter_resets_fall_back_to_flags() -> None:
     store, clock, registry = setup()
     counters = [100.0, 100.9, 101.8, 0.5]  # the driver reloaded before the last poll
     for c in counters:
-        s = sample("GPU-0", clock.now, throttle_active={"sw_power_cap": True},
-                   throttle_counter_seconds={"sw_power_cap": c})
+        s = sample(
+            "GPU-0", clock.now, throttle_active={"sw_power_cap": True}, throttle_counter_seconds={"sw_power_cap": c}
+        )
         store.record_poll([GpuReading(GPU0, s)])
         clock.now += 1.0
     clock.now -= 1.0
@@ -84,24 +85,34 @@ def test_stale_readings_are_never_served() -> None:
     assert value(registry, "gpuwatch_gpu_up", gpu="0", uuid="GPU-0") == 0.0
     assert value(registry, "gpuwatch_gpu_power_watts", gpu="0", uuid="GPU-0") is None
     assert value(registry, "gpuwatch_gpus_detected") == 0.0
-    info = dict(gpu="0", uuid="GPU-0", vendor="nvidia", model=GPU0.model, serial="1",
-                pci_bus_id=GPU0.pci_bus_id, driver_version="580.159.04", vbios_version="96")
+    info = dict(
+        gpu="0",
+        uuid="GPU-0",
+        vendor="nvidia",
+        model=GPU0.model,
+        serial="1",
+        pci_bus_id=GPU0.pci_bus_id,
+        driver_version="580.159.04",
+        vbios_version="96",
+    )
     assert value(registry, "gpuwatch_gpu_info", **info) == 1.0
 
 
 def test_lost_gpu_keeps_only_up_and_info_while_others_read() -> None:
     store, clock, registry = setup()
-    store.record_poll([
-        GpuReading(GPU0, None, "GPU is lost"),
-        GpuReading(GPU1, sample("GPU-1", clock.now, power_watts=71.0)),
-    ])
+    store.record_poll(
+        [
+            GpuReading(GPU0, None, "GPU is lost"),
+            GpuReading(GPU1, sample("GPU-1", clock.now, power_watts=71.0)),
+        ]
+    )
     assert value(registry, "gpuwatch_gpu_up", gpu="0", uuid="GPU-0") == 0.0
     assert value(registry, "gpuwatch_gpu_up", gpu="1", uuid="GPU-1") == 1.0
     assert value(registry, "gpuwatch_gpus_detected") == 1.0
 
 
 def test_known_gpu_from_an_earlier_run_is_lost_until_found() -> None:
-    store, clock, registry = setup()
+    store, _clock, registry = setup()
     store.add_known([GPU0])
     assert value(registry, "gpuwatch_gpu_up", gpu="0", uuid="GPU-0") == 0.0
 

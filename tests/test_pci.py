@@ -1,0 +1,136 @@
+"""count_pci_gpus over fixture sysfs trees shaped like real GPU nodes."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwatch import pci
+from gpuwatch.pci import count_pci_gpus, pci_gpu_addresses
+
+
+def add_device(root: Path, address: str, vendor: str, pci_class: str) -> Path:
+    """One PCI function as sysfs shows it (files as the kernel writes them: hex with a newline)."""
+    device = root / "bus" / "pci" / "devices" / address
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(f"{vendor}\n")
+    (device / "class").write_text(f"{pci_class}\n")
+    return device
+
+
+@pytest.fixture
+def h100_node(tmp_path: Path) -> Path:
+    """8×H100 SXM (3D controllers), 4 NVSwitches (bridges), an ASPEED BMC VGA, a ConnectX NIC, a bridge."""
+    for bus in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db"):
+        add_device(tmp_path, f"0000:{bus}:00.0", "0x10de", "0x030200")
+    for bus in ("05", "06", "07", "08"):
+        add_device(tmp_path, f"0000:{bus}:00.0", "0x10de", "0x068000")
+    add_device(tmp_path, "0000:03:00.0", "0x1a03", "0x030000")  # ASPEED AST2600 BMC VGA
+    add_device(tmp_path, "0000:19:00.0", "0x15b3", "0x020700")  # ConnectX-7 InfiniBand
+    add_device(tmp_path, "0000:00:00.0", "0x8086", "0x060000")  # host bridge
+    return tmp_path
+
+
+def test_h100_node_counts_only_the_gpus(h100_node: Path) -> None:
+    assert count_pci_gpus(h100_node) == {"nvidia": 8, "amd": 0}
+
+
+def test_addresses_are_sorted_and_per_vendor(h100_node: Path) -> None:
+    addresses = pci_gpu_addresses(h100_node)
+    assert addresses["amd"] == []
+    assert addresses["nvidia"][0] == "0000:18:00.0"
+    assert addresses["nvidia"] == sorted(addresses["nvidia"])
+    assert "0000:05:00.0" not in addresses["nvidia"]  # NVSwitch
+
+
+def test_mi300x_node_counts_processing_accelerators_not_audio(tmp_path: Path) -> None:
+    # MI300X enumerates as a "processing accelerator" (class 0x1200); a Radeon's HDMI audio (0x0403) and the
+    # AMD CPU's own functions (vendor 0x1022) are not GPUs.
+    for bus in ("05", "26", "46", "65", "85", "a6", "c6", "e5"):
+        add_device(tmp_path, f"0000:{bus}:00.0", "0x1002", "0x120000")
+    add_device(tmp_path, "0000:c1:00.0", "0x1002", "0x030000")  # a Radeon VGA on the same node
+    add_device(tmp_path, "0000:c1:00.1", "0x1002", "0x040300")  # its HDMI audio function
+    add_device(tmp_path, "0000:00:00.2", "0x1022", "0x080600")  # AMD IOMMU
+    add_device(tmp_path, "0000:02:00.0", "0x1022", "0x108000")  # AMD PSP / crypto
+    assert count_pci_gpus(tmp_path) == {"nvidia": 0, "amd": 9}
+
+
+def test_mi250_other_display_controller_counts(tmp_path: Path) -> None:
+    add_device(tmp_path, "0000:29:00.0", "0x1002", "0x038000")
+    assert count_pci_gpus(tmp_path) == {"nvidia": 0, "amd": 1}
+
+
+def test_mixed_node_counts_both_vendors(tmp_path: Path) -> None:
+    add_device(tmp_path, "0000:3b:00.0", "0x10de", "0x030000")  # a workstation card: VGA class
+    add_device(tmp_path, "0000:3b:00.1", "0x10de", "0x040300")  # its HDMI audio
+    add_device(tmp_path, "0000:c1:00.0", "0x1002", "0x038000")
+    assert count_pci_gpus(tmp_path) == {"nvidia": 1, "amd": 1}
+
+
+def test_missing_sysfs_gives_zeros(tmp_path: Path) -> None:
+    assert count_pci_gpus(tmp_path / "nonexistent") == {"nvidia": 0, "amd": 0}
+    (tmp_path / "bus").mkdir()  # /sys/bus without pci (a minimal container)
+    assert count_pci_gpus(tmp_path) == {"nvidia": 0, "amd": 0}
+
+
+def test_empty_bus_gives_zeros(tmp_path: Path) -> None:
+    (tmp_path / "bus" / "pci" / "devices").mkdir(parents=True)
+    assert count_pci_gpus(tmp_path) == {"nvidia": 0, "amd": 0}
+
+
+def test_device_with_missing_or_garbage_files_is_skipped(tmp_path: Path) -> None:
+    add_device(tmp_path, "0000:18:00.0", "0x10de", "0x030200")
+    (add_device(tmp_path, "0000:2a:00.0", "0x10de", "0x030200") / "class").unlink()
+    add_device(tmp_path, "0000:3a:00.0", "garbage", "0x030200")
+    add_device(tmp_path, "0000:4a:00.0", "", "")
+    add_device(tmp_path, "0000:5a:00.0", "0x10de", "0x0302zz")
+    assert count_pci_gpus(tmp_path) == {"nvidia": 1, "amd": 0}
+
+
+def test_unreadable_file_skips_only_that_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests run as root, where chmod 000 does not stop a read: raise the errors a bad device gives instead.
+    add_device(tmp_path, "0000:18:00.0", "0x10de", "0x030200")
+    eperm = add_device(tmp_path, "0000:2a:00.0", "0x10de", "0x030200")
+    eio = add_device(tmp_path, "0000:3a:00.0", "0x10de", "0x030200")
+    real_read_text = Path.read_text
+
+    def failing_read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self == eperm / "vendor":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        if self == eio / "class":
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing_read_text)
+    assert count_pci_gpus(tmp_path) == {"nvidia": 1, "amd": 0}
+
+
+def test_unlistable_devices_dir_gives_zeros(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    add_device(tmp_path, "0000:18:00.0", "0x10de", "0x030200")
+
+    def refuse(self: Path) -> object:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refuse)
+    assert count_pci_gpus(tmp_path) == {"nvidia": 0, "amd": 0}
+
+
+def test_symlinked_devices_like_real_sysfs(tmp_path: Path) -> None:
+    # /sys/bus/pci/devices/* are symlinks into /sys/devices/pci…; the reader must follow them.
+    real = tmp_path / "devices" / "pci0000:17" / "0000:18:00.0"
+    real.mkdir(parents=True)
+    (real / "vendor").write_text("0x10de\n")
+    (real / "class").write_text("0x030200\n")
+    devices = tmp_path / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True)
+    (devices / "0000:18:00.0").symlink_to(real)
+    assert count_pci_gpus(tmp_path) == {"nvidia": 1, "amd": 0}
+
+
+def test_class_codes_cover_the_gpu_classes() -> None:
+    assert {0x0300, 0x0302, 0x0380} <= pci.GPU_CLASS_CODES
+    assert 0x0680 not in pci.GPU_CLASS_CODES  # bridges: NVSwitch
+    assert 0x0403 not in pci.GPU_CLASS_CODES  # HD audio
