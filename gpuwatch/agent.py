@@ -86,7 +86,6 @@ class Agent:
         self._known = KnownGpus(config.state_dir)
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
-        self._started_at = clock()
         self._scheduler: BackgroundScheduler | None = None
         self._http: HttpServer | None = None
         self._threads: list[threading.Thread] = []
@@ -307,9 +306,10 @@ class Agent:
         for slot in self._active_slots():
             status = snap.collectors.get(slot.name)
             last = status.last_run_timestamp if status else None
-            since = snap.now - (last if last is not None else self._started_at)
-            if since > limit + (0 if last is not None else 5.0):
-                return False, f"{slot.name} poll has not finished for {since:.1f} s (a hung vendor call?)"
+            if last is None:
+                return False, f"starting: the first {slot.name} poll has not finished"
+            if snap.now - last > limit:
+                return False, f"{slot.name} poll has not finished for {snap.now - last:.1f} s (a hung vendor call?)"
         for uuid, sample in snap.samples.items():
             if uuid not in snap.gpu_errors and snap.now - sample.timestamp > limit:
                 return False, f"GPU {uuid} readings are {snap.now - sample.timestamp:.1f} s old"

@@ -34,9 +34,7 @@ _MAX_RECORDS_PER_CALL = 100_000  # bounds one call under a kernel log flood
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)\):\s*(?P<xid>\d+)\b"
 )
-_PCI_RE = re.compile(
-    r"^(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<device>[0-9a-f]{1,2})(?:\.[0-7])?$"
-)
+_PCI_RE = re.compile(r"^(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<device>[0-9a-f]{1,2})(?:\.[0-7])?$")
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -166,9 +164,7 @@ class KernelLogXidReader:
             )
             return
         except FileNotFoundError:
-            self.reason = (
-                f"{self.path} does not exist (a container without the kernel log?); XIDs come from NVML only"
-            )
+            self.reason = f"{self.path} does not exist (a container without the kernel log?); XIDs come from NVML only"
             return
         except OSError as exc:
             self.reason = f"cannot open {self.path}: {exc}; XIDs come from NVML events only"
@@ -194,9 +190,7 @@ class KernelLogXidReader:
             except BlockingIOError:
                 break
             except BrokenPipeError:  # EPIPE: the ring buffer overwrote records we had not read yet; carry on
-                log.info(
-                    "kernel log records were overwritten before they could be read; some XIDs are missing"
-                )
+                log.info("kernel log records were overwritten before they could be read; some XIDs are missing")
                 continue
             except OSError as exc:
                 if exc.errno == errno.EINVAL:
@@ -234,7 +228,5 @@ class KernelLogXidReader:
             if found is not None:
                 bus_id, xid = found
                 timestamp = self.boot_time + record.usec_since_boot / 1e6
-                xids.append(
-                    KernelXid(pci_bus_id=bus_id, xid=xid, timestamp=timestamp, message=record.message)
-                )
+                xids.append(KernelXid(pci_bus_id=bus_id, xid=xid, timestamp=timestamp, message=record.message))
         return xids

@@ -38,7 +38,9 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
     _m("gpuwatch_gpus_detected", "gauge", (), "GPUs the vendor libraries see now."),
-    _m("gpuwatch_gpus_expected", "gauge", ("vendor",), "GPUs expected: from config, else that vendor's on the PCI bus."),
+    _m(
+        "gpuwatch_gpus_expected", "gauge", ("vendor",), "GPUs expected: from config, else that vendor's on the PCI bus."
+    ),
     _m("gpuwatch_collector_success", "gauge", ("collector",), "1 when the collector's last run succeeded."),
     _m("gpuwatch_collector_duration_seconds", "gauge", ("collector",), "How long the collector's last run took."),
     _m("gpuwatch_collector_errors_total", "counter", ("collector",), "Failed collector runs."),

@@ -272,9 +272,7 @@ def test_pipe_records_and_split_writes(fifo: tuple[Path, int]) -> None:
     reader = KernelLogXidReader(path, boot_time=BOOT)
     assert reader.available
     assert reader.read_new() == []  # EAGAIN: nothing yet
-    os.write(
-        writer, f"4,1234,5678901234,-;{FALLEN_OFF}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n".encode()
-    )
+    os.write(writer, f"4,1234,5678901234,-;{FALLEN_OFF}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n".encode())
     os.write(writer, b"4,1235,5700000000,-;NVRM: Xid (PCI:0000:5d:00): 1")
     assert [x.xid for x in reader.read_new()] == [79]
     os.write(writer, b"19, pid='<unknown>', name=<unknown>, Timeout\n")
@@ -327,9 +325,7 @@ def test_device_overwritten_records_are_skipped_not_fatal(
     assert [x.xid for x in reader.read_new()] == [13]
 
 
-def test_device_einval_disables_with_a_reason(
-    fifo: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_device_einval_disables_with_a_reason(fifo: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> None:
     device = ScriptedDevice([OSError(errno.EINVAL, "Invalid argument")])
     reader = device_reader(fifo, monkeypatch, device)
     assert reader.read_new() == []
@@ -337,9 +333,7 @@ def test_device_einval_disables_with_a_reason(
     assert reader.reason is not None and "larger than" in reader.reason
 
 
-def test_device_read_error_disables_with_a_reason(
-    fifo: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_device_read_error_disables_with_a_reason(fifo: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> None:
     reader = device_reader(fifo, monkeypatch, ScriptedDevice([OSError(errno.EIO, "Input/output error")]))
     assert reader.read_new() == []
     assert not reader.available

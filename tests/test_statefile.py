@@ -202,9 +202,7 @@ def test_corrupt_or_foreign_file_is_moved_aside_and_reported(
     assert "delete" in message  # says what to do
 
 
-def test_two_corrupt_files_in_the_same_second_are_both_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_corrupt_files_in_the_same_second_are_both_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)
     path = tmp_path / "known_gpus.json"
     for content in ("first", "second", "third"):
@@ -349,9 +347,7 @@ def test_write_failure_logged_once_memory_stays_right_retried_on_change(
     assert writes.calls == 4  # saved now: nothing more to write
 
 
-def test_unsaved_state_retried_after_interval_without_a_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unsaved_state_retried_after_interval_without_a_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
     writes = WriteCounter(monkeypatch, fail_with=errno.ENOSPC)
     known = KnownGpus(tmp_path, retry_interval_s=30.0, clock=lambda: now[0])

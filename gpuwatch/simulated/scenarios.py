@@ -1,0 +1,541 @@
+"""Named scenarios and the simulated node they run on: a vendor-neutral model of a GPU server over time.
+
+`SimulatedNode` is what the simulated vendor libraries (`nvml_lib.py`, `amdsmi_lib.py`) read from: per-GPU identity,
+the readings at the current moment, counters that the node integrates as time passes (energy, throttle time),
+events (XID, resets) and the PCI bus. Time comes from injectable clocks, so tests drive it with a fake clock and
+get the same numbers every run. Fault injection for tests lives on ``node.faults`` (see faults.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid as uuid_module
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from gpuwatch.model import THROTTLE_REASONS, Vendor
+from gpuwatch.simulated.faults import FaultInjector
+from gpuwatch.simulated.physics import (
+    PROFILES,
+    Counters,
+    GpuPlan,
+    Jitter,
+    Rates,
+    VendorProfile,
+    counters,
+    rates,
+    reading,
+)
+
+FAULT_GPU = 2  # the GPU every single-GPU scenario breaks (clamped to the last GPU on smaller nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioInfo:
+    """What a scenario does, as data: `--help` and the docs print it, tests assert against it."""
+
+    name: str
+    description: str
+    fault_gpu: int | None  # the GPU that shows the fault; None for node-wide scenarios and for `mixed`
+    node_wide: bool = False
+    gpu_faults: dict[int, str] = field(default_factory=dict)  # GPU -> what is wrong with it
+    probe_slowdown: dict[int, float] = field(default_factory=dict)  # GPU -> share of probe throughput lost
+
+
+def _single(name: str, description: str) -> ScenarioInfo:
+    return ScenarioInfo(name, description, FAULT_GPU, gpu_faults={FAULT_GPU: description})
+
+
+SCENARIOS: dict[str, ScenarioInfo] = {
+    s.name: s
+    for s in (
+        ScenarioInfo("healthy", "every GPU idle and healthy", None),
+        ScenarioInfo(
+            "mixed",
+            "the demo node: GPU 2 overheats (cooling failure), GPU 5 runs with its power limit at 500 W of "
+            "700 W, GPU 6 probes 20 % slow; the others are idle and healthy",
+            None,
+            gpu_faults={
+                2: "overheats: core temperature climbs past its slowdown threshold, hardware thermal slowdown",
+                5: "enforced power limit 500 W, below the 700 W default",
+                6: "computes 20 % slower than its baseline in the probe (telemetry healthy)",
+            },
+            probe_slowdown={6: 0.2},
+        ),
+        ScenarioInfo("busy", "every GPU under full load at its power cap (sw_power_cap active): healthy", None, True),
+        _single(
+            "overheating",
+            "core temperature climbs past the slowdown threshold (89 °C) within ~8 s; "
+            "hardware and software thermal slowdown active",
+        ),
+        _single("memory_overheating", "HBM temperature climbs to 92-97 °C, around its 95 °C limit, within ~9 s"),
+        _single(
+            "thermal_throttling",
+            "software thermal slowdown 70 % of the time at 85-88 °C, never reaching the slowdown threshold",
+        ),
+        _single("power_brake", "the hardware power brake holds the clocks down (hw_power_brake) from 1 s"),
+        _single("power_limit_low", "enforced power limit 450 W, below the 700 W default, under load"),
+        ScenarioInfo(
+            "psu_undervoltage",
+            "every GPU power-braking (hw_power_brake + hw_slowdown, clocks cut, power source undersized) "
+            "from 1 s, as when a power supply sags",
+            None,
+            True,
+        ),
+        ScenarioInfo(
+            "underperforming",
+            "GPU 2 probes 20 % slow; its telemetry is healthy",
+            FAULT_GPU,
+            gpu_faults={FAULT_GPU: "computes 20 % slower than its baseline in the probe"},
+            probe_slowdown={FAULT_GPU: 0.2},
+        ),
+        _single(
+            "pcie_degraded", "under load on a PCIe gen 3 x8 link of gen 5 x16, replays and link recoveries growing"
+        ),
+        _single("xid", "XID 13 (an application error, harmless) at 2 s, then XID 79 (fallen off the bus) at 5 s"),
+        _single("ecc_uncorrectable", "uncorrectable ECC errors from 1 s, one more every 5 s"),
+        _single("row_remap_failure", "a row remap failed and one is pending from 1 s; the driver asks for a GPU reset"),
+        _single("gpu_lost", "the GPU stops answering (GPU is lost) at 6 s; it stays on the PCI bus"),
+        ScenarioInfo("backend_down", "the vendor library is missing: init fails (NVML LibraryNotFound)", None, True),
+    )
+}
+
+
+def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
+    """What each GPU of the node does in a scenario; faults aimed at GPUs the node lacks are dropped."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    # Some idle GPUs sit at PCIe gen 1 to save power (healthy; compare links under load only).
+    plans = [GpuPlan(idle_pcie_generation=1 if i % 4 == 3 else None) for i in range(gpus)]
+    if gpus == 0:
+        return plans
+    fault_gpu = min(FAULT_GPU, gpus - 1)
+
+    def put(index: int, **changes: object) -> None:
+        if index < gpus:
+            plans[index] = replace(plans[index], **changes)  # type: ignore[arg-type]
+
+    if scenario == "busy":
+        plans = [replace(p, busy=True) for p in plans]
+    elif scenario == "psu_undervoltage":
+        plans = [replace(p, busy=True, fault="psu_undervoltage") for p in plans]
+    elif scenario == "mixed":
+        # Every GPU stays idle (no processes) so the probe, which runs only on an all-idle node, reaches GPU 6;
+        # GPU 2's overheating is a cooling failure at idle.
+        put(2, fault="overheating")
+        put(5, power_limit_watts=500.0)
+        put(6, probe_slowdown=0.2)
+    elif scenario in ("overheating", "memory_overheating", "thermal_throttling", "power_brake", "pcie_degraded"):
+        put(fault_gpu, busy=True, fault=scenario)
+    elif scenario == "power_limit_low":
+        put(fault_gpu, busy=True, power_limit_watts=450.0)
+    elif scenario == "underperforming":
+        put(fault_gpu, fault=scenario, probe_slowdown=0.2)
+    elif scenario == "xid":
+        put(fault_gpu, fault=scenario, events=((2.0, 13), (5.0, 79)))
+    elif scenario in ("ecc_uncorrectable", "row_remap_failure"):
+        put(fault_gpu, fault=scenario)
+    elif scenario == "gpu_lost":
+        put(fault_gpu, fault=scenario, lost_after_s=6.0)
+    return plans
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """What a GPU is and what it can do: fixed for the life of the node."""
+
+    index: int
+    vendor: Vendor
+    uuid: str
+    model: str
+    serial: str
+    pci_bus_id: str  # NVML form 00000000:18:00.0 on NVIDIA, BDF 0000:05:00.0 on AMD
+    pci_domain: int
+    pci_bus: int
+    board_part_number: str
+    vbios_version: str
+    driver_version: str
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    power_limit_default_watts: float
+    power_limit_min_watts: float
+    power_limit_max_watts: float
+    temp_slowdown_celsius: float
+    temp_shutdown_celsius: float
+    temp_gpu_max_celsius: float
+    temp_memory_max_celsius: float
+    clock_max_mhz: dict[str, int]
+    pcie_max_generation: int  # what this GPU reaches in this slot
+    pcie_gpu_max_generation: int  # the GPU's own maximum
+    pcie_max_width: int
+    nvlink_links: int  # 0 when the node has no NVLink
+    compute_capability: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    pid: int
+    used_memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """Everything one GPU shows at one moment, in base units (°C, W, J, MHz, bytes, seconds, ratios 0-1)."""
+
+    index: int
+    elapsed: float  # seconds since the node started
+    timestamp: float  # unix time of this reading
+    lost: bool
+    busy: bool
+    temperature_core_celsius: float
+    temperature_memory_celsius: float
+    power_watts: float
+    energy_joules: float  # since the driver loaded
+    power_limit_watts: float  # the limit the operator set (NVML management limit)
+    power_limit_enforced_watts: float
+    power_source_undersized: bool
+    performance_state: int
+    clocks_mhz: dict[str, float]  # graphics, sm, memory, video
+    utilization: float
+    memory_utilization: float
+    memory_used_bytes: int  # by processes, excluding the driver's reserved share
+    processes: tuple[SimProcess, ...]
+    throttle_active: frozenset[str]
+    throttle_seconds: dict[str, float]  # every reason of THROTTLE_REASONS, cumulative
+    policy_seconds: dict[str, float]  # NVML violation policies: power, thermal, sync_boost, board_limit, …
+    counters: Counters
+    pcie_generation: int
+    pcie_width: int
+    pcie_tx_kbps: int
+    pcie_rx_kbps: int
+    pcie_tx_bytes: int  # cumulative since the driver loaded
+    pcie_rx_bytes: int
+    nvlink_up: tuple[bool, ...]  # one per link; empty without NVLink
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """Something that happened to a GPU at a moment: an XID (NVIDIA) or a reset (AMD)."""
+
+    seq: int
+    elapsed: float
+    timestamp: float
+    gpu: int
+    kind: str  # xid, reset
+    code: int | None
+
+
+POLICIES: tuple[str, ...] = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+    "total_app_clocks",
+    "total_base_clocks",
+)
+# Since the driver loaded, before the node started (the H100 fixture's idle readings).
+_POLICY_BASE_S = {"low_utilization": 27.6, "total_app_clocks": 18.26, "total_base_clocks": 18.26}
+STEP_S = 0.2  # integration step: readings are held for STEP_S when the node integrates energy and throttle time
+
+
+@dataclass(slots=True)
+class _Integral:
+    """Per-GPU running sums over whole steps; the current step is added pro rata when read."""
+
+    steps: int = 0
+    energy_j: float = 0.0
+    reasons: dict[str, float] = field(default_factory=lambda: dict.fromkeys(THROTTLE_REASONS, 0.0))
+    policies: dict[str, float] = field(default_factory=lambda: dict(dict.fromkeys(POLICIES, 0.0), **_POLICY_BASE_S))
+    pcie_tx_bytes: float = 0.0
+    pcie_rx_bytes: float = 0.0
+
+
+class SimulatedNode:
+    """A simulated GPU server running one scenario; thread-safe, deterministic under a fake clock.
+
+    `clock` gives elapsed time (monotonic seconds); `wall_clock` is read once at start, and unix timestamps are
+    that start plus the elapsed time, so a fake `clock` drives both. `nvlink=True` gives every GPU NVLinks (the
+    H100 fixture's GPU had none usable: NVLink calls raise NotSupported by default).
+    """
+
+    def __init__(
+        self,
+        scenario: str = "healthy",
+        gpus: int = 8,
+        vendor: str = "nvidia",
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        nvlink: bool = False,
+    ) -> None:
+        if vendor not in PROFILES:
+            raise ValueError(f"unknown vendor {vendor!r}; known: {', '.join(PROFILES)}")
+        if gpus < 0:
+            raise ValueError("gpus must be >= 0")
+        self._plans = plans_for(scenario, gpus)
+        self.scenario = scenario
+        self.info = SCENARIOS[scenario]
+        self.vendor: Vendor = "nvidia" if vendor == "nvidia" else "amd"
+        self.profile: VendorProfile = PROFILES[vendor]
+        self.gpu_count = gpus
+        self.seed = seed
+        self.nvlink = nvlink
+        self._clock = clock
+        self._start = clock()
+        self._wall_start = wall_clock()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._jitter = [Jitter(seed, i) for i in range(gpus)]
+        self._integrals = [_Integral() for _ in range(gpus)]
+        self._energy_base_j = [2899.27 + 1500.0 * (1.0 + j.constant(7)) for j in self._jitter]
+        self._specs = [self._make_spec(i) for i in range(gpus)]
+        self._events: list[SimEvent] = []
+        for i, plan in enumerate(self._plans):
+            for at, xid in plan.events:
+                kind = "xid" if self.vendor == "nvidia" else "reset"
+                self._events.append(SimEvent(0, at, self._wall_start + at, i, kind, xid if kind == "xid" else None))
+        self._events.sort(key=lambda e: (e.elapsed, e.gpu))
+        self._events = [replace(e, seq=n) for n, e in enumerate(self._events)]
+        self._cache: dict[int, tuple[float, GpuState]] = {}
+        self.faults = FaultInjector(seed, gpus, self._notify, self._emit)
+        self.clock_is_real = clock is time.monotonic
+
+    # --- scenario facts ------------------------------------------------------------------------------------------
+    @property
+    def library_missing(self) -> bool:
+        """The vendor library cannot be loaded: the backend_down scenario, unless a test decided otherwise."""
+        override = self.faults.library_missing
+        return self.scenario == "backend_down" if override is None else override
+
+    @property
+    def probe_slowdown(self) -> dict[int, float]:
+        """GPU -> share of probe throughput it loses (0.2 = computes 20 % slower); for the simulated probe."""
+        return {i: p.probe_slowdown for i, p in enumerate(self._plans) if p.probe_slowdown}
+
+    @property
+    def fault_gpus(self) -> tuple[int, ...]:
+        """The GPUs of this node that show a fault (or a power limit below default)."""
+        return tuple(
+            i for i, p in enumerate(self._plans) if p.fault or p.power_limit_watts or p.probe_slowdown or p.events
+        )
+
+    def plan(self, index: int) -> GpuPlan:
+        return self._plans[index]
+
+    def spec(self, index: int) -> GpuSpec:
+        return self._specs[index]
+
+    def pci_gpu_counts(self) -> dict[str, int]:
+        """GPUs of each vendor on the PCI bus, as pci.count_pci_gpus() reads it: a lost GPU stays on the bus."""
+        counts = {"nvidia": 0, "amd": 0}
+        counts[self.vendor] = self.gpu_count
+        return counts
+
+    # --- time -----------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return max(0.0, self._clock() - self._start)
+
+    def wall_time(self, elapsed: float | None = None) -> float:
+        return self._wall_start + (self.elapsed() if elapsed is None else elapsed)
+
+    # --- readings ---------------------------------------------------------------------------------------------
+    def is_lost(self, index: int) -> bool:
+        """The GPU stopped answering: the scenario says so by now, or a test made it so."""
+        return self._lost_at(index, self.elapsed())
+
+    def _lost_at(self, index: int, elapsed: float) -> bool:
+        override = self.faults.lost_override(index)
+        if override is not None:
+            return override
+        after = self._plans[index].lost_after_s
+        return after is not None and elapsed >= after
+
+    def state(self, index: int) -> GpuState:
+        """What GPU `index` shows now (computed even when lost: the libraries decide what a lost GPU answers)."""
+        if not 0 <= index < self.gpu_count:
+            raise IndexError(f"no GPU {index} on this node ({self.gpu_count} GPUs)")
+        with self._lock:
+            t = round(self.elapsed(), 6)
+            cached = self._cache.get(index)
+            if cached is not None and cached[0] == t:
+                return cached[1]
+            state = self._compute(index, t)
+            self._cache[index] = (t, state)
+            return state
+
+    def set_power_limit(self, index: int, watts: float | None) -> None:
+        """Change a GPU's power limit from now on (as `nvidia-smi -pl` would); None restores the default."""
+        with self._lock:
+            self._integrate(index, self.elapsed())
+            self._plans[index] = replace(self._plans[index], power_limit_watts=watts)
+            self._cache.pop(index, None)
+
+    def _compute(self, index: int, t: float) -> GpuState:
+        spec, plan, jitter = self._specs[index], self._plans[index], self._jitter[index]
+        acc = self._integrate(index, t)
+        now = reading(self.profile, plan, jitter, t)
+        r = now.rates
+        # The current, partial step at the rates it will be integrated with.
+        step_rates = rates(self.profile, plan, jitter, acc.steps * STEP_S)
+        part = t - acc.steps * STEP_S
+        reasons = dict(acc.reasons)
+        for reason in step_rates.reasons:
+            reasons[reason] += part
+        policies = dict(acc.policies)
+        for policy in _policies_of(step_rates.reasons):
+            policies[policy] += part
+        limit = plan.power_limit_watts or spec.power_limit_default_watts
+        processes: tuple[SimProcess, ...] = ()
+        used = 0
+        if r.busy:
+            used = self.profile.busy_memory_used_bytes + int(64 * 2**20 * (1.0 + jitter.constant(8)))
+            processes = (SimProcess(pid=40000 + 1013 * index + self.seed % 997, used_memory_bytes=used),)
+        links = spec.nvlink_links
+        nvlink_up = tuple(not self.faults.nvlink_down(index, link) for link in range(links))
+        return GpuState(
+            index=index,
+            elapsed=t,
+            timestamp=self._wall_start + t,
+            lost=self._lost_at(index, t),
+            busy=r.busy,
+            temperature_core_celsius=now.temp_core,
+            temperature_memory_celsius=now.temp_memory,
+            power_watts=now.power_watts,
+            energy_joules=self._energy_base_j[index] + acc.energy_j + part * step_rates.power_watts,
+            power_limit_watts=limit,
+            power_limit_enforced_watts=limit,
+            power_source_undersized=r.undersized,
+            performance_state=0,
+            clocks_mhz=now.clocks_mhz,
+            utilization=now.utilization,
+            memory_utilization=now.memory_utilization,
+            memory_used_bytes=used,
+            processes=processes,
+            throttle_active=r.reasons,
+            throttle_seconds=reasons,
+            policy_seconds=policies,
+            counters=counters(plan, jitter, t),
+            pcie_generation=r.pcie_generation,
+            pcie_width=r.pcie_width,
+            pcie_tx_kbps=now.pcie_tx_kbps,
+            pcie_rx_kbps=now.pcie_rx_kbps,
+            pcie_tx_bytes=3_343_922_664 + int(acc.pcie_tx_bytes),
+            pcie_rx_bytes=584_259_464 + int(acc.pcie_rx_bytes),
+            nvlink_up=nvlink_up,
+        )
+
+    def _integrate(self, index: int, t: float) -> _Integral:
+        """Add every whole step before `t`: counters grow only while their reason was active."""
+        acc = self._integrals[index]
+        plan, jitter = self._plans[index], self._jitter[index]
+        while (acc.steps + 1) * STEP_S <= t:
+            r: Rates = rates(self.profile, plan, jitter, acc.steps * STEP_S)
+            acc.energy_j += STEP_S * r.power_watts
+            for reason in r.reasons:
+                acc.reasons[reason] += STEP_S
+            for policy in _policies_of(r.reasons):
+                acc.policies[policy] += STEP_S
+            kbps = (180_000, 950_000) if r.busy else (750, 560)
+            acc.pcie_tx_bytes += STEP_S * kbps[0] * 1000
+            acc.pcie_rx_bytes += STEP_S * kbps[1] * 1000
+            acc.steps += 1
+        return acc
+
+    # --- events -----------------------------------------------------------------------------------------------
+    def events_until(self, elapsed: float) -> list[SimEvent]:
+        """Every event that has happened by `elapsed` seconds, oldest first."""
+        with self._lock:
+            return [e for e in self._events if e.elapsed <= elapsed]
+
+    def next_event_after(self, elapsed: float) -> float | None:
+        """When the next scheduled event after `elapsed` happens, for waiters that want to wake on time."""
+        with self._lock:
+            return next((e.elapsed for e in self._events if e.elapsed > elapsed), None)
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Sleep up to `timeout` real seconds, waking early when an event is emitted or a fault changes."""
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def _emit(self, index: int, kind: str, code: int | None) -> None:
+        with self._lock:
+            t = self.elapsed()
+            self._events.append(SimEvent(len(self._events), t, self._wall_start + t, index, kind, code))
+            self._events.sort(key=lambda e: (e.elapsed, e.seq))
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._cache.clear()
+            self._changed.notify_all()
+
+    # --- identity ---------------------------------------------------------------------------------------------
+    def _make_spec(self, index: int) -> GpuSpec:
+        profile = self.profile
+        digest = hashlib.sha256(f"gpuwatch-sim:{self.seed}:{self.vendor}:{index}".encode()).digest()
+        raw_uuid = str(uuid_module.UUID(bytes=digest[:16]))
+        bus = _PCI_BUSES[self.vendor][index] if index < 8 else 0x01 + 0x08 * index
+        if self.vendor == "nvidia":
+            uuid = "GPU-" + raw_uuid
+            serial = str(1_653_000_000_000 + int.from_bytes(digest[16:24], "big") % 100_000_000_000)
+            bus_id = f"00000000:{bus:02X}:00.0"
+        else:
+            uuid = raw_uuid
+            serial = f"{int.from_bytes(digest[16:24], 'big'):016X}"
+            bus_id = f"0000:{bus:02x}:00.0"
+        return GpuSpec(
+            index=index,
+            vendor=self.vendor,
+            uuid=uuid,
+            model=profile.model,
+            serial=serial,
+            pci_bus_id=bus_id,
+            pci_domain=0,
+            pci_bus=bus,
+            board_part_number=profile.board_part_number,
+            vbios_version=profile.vbios_version,
+            driver_version=profile.driver_version,
+            memory_total_bytes=profile.memory_total_bytes,
+            memory_reserved_bytes=profile.memory_reserved_bytes,
+            power_limit_default_watts=profile.power_limit_default_watts,
+            power_limit_min_watts=profile.power_limit_min_watts,
+            power_limit_max_watts=profile.power_limit_max_watts,
+            temp_slowdown_celsius=profile.temp_slowdown_celsius,
+            temp_shutdown_celsius=profile.temp_shutdown_celsius,
+            temp_gpu_max_celsius=profile.temp_gpu_max_celsius,
+            temp_memory_max_celsius=profile.temp_memory_max_celsius,
+            clock_max_mhz=dict(profile.clock_max_mhz),
+            pcie_max_generation=profile.pcie_max_generation,
+            pcie_gpu_max_generation=profile.pcie_max_generation,
+            pcie_max_width=profile.pcie_max_width,
+            nvlink_links=profile.nvlink_links if self.nvlink else 0,
+            compute_capability=profile.compute_capability,
+        )
+
+
+# PCI buses of the GPUs of an 8-GPU HGX H100 board and an 8-GPU MI300X platform.
+_PCI_BUSES: dict[str, tuple[int, ...]] = {
+    "nvidia": (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB),
+    "amd": (0x05, 0x26, 0x46, 0x65, 0x85, 0xA6, 0xC6, 0xE5),
+}
+
+
+def _policies_of(reasons: frozenset[str]) -> list[str]:
+    """NVML violation policies that count while these reasons hold (THERMAL counts sw and hw alike)."""
+    out: list[str] = []
+    if "sw_power_cap" in reasons:
+        out.append("power")
+    if "sw_thermal" in reasons or "hw_thermal" in reasons:
+        out.append("thermal")
+    if "sync_boost" in reasons:
+        out.append("sync_boost")
+    if "gpu_idle" in reasons:
+        out.append("low_utilization")
+    if reasons:
+        out.extend(("total_app_clocks", "total_base_clocks"))
+    return out
