@@ -91,6 +91,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwatchCollector(self.store))
+        self._update_expected()
 
     # --- life cycle ----------------------------------------------------------------------------------------
 
@@ -106,7 +107,6 @@ class Agent:
         host, port = parse_listen(self.config.agent.listen)
         app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()))
         self._http = HttpServer(host, port, app)
-        self._update_expected()
         for slot in self._active_slots():
             self.store.register_collector(slot.name, self.config.agent.poll_interval_seconds)
         self._start_scheduler()
@@ -173,8 +173,10 @@ class Agent:
         self._stop.set()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
+            self._scheduler = None
         if self._http is not None:
             self._http.stop()
+            self._http = None
         closer = threading.Thread(target=self._close_backends, name="close", daemon=True)
         closer.start()
         closer.join(STOP_GRACE_SECONDS)
@@ -189,6 +191,10 @@ class Agent:
                     slot.backend = None
 
     # --- polling -------------------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> list[BackendSlot]:
+        return list(self._sources.slots)
 
     def _active_slots(self) -> list[BackendSlot]:
         disabled = self.config.agent.disable_collectors
@@ -249,7 +255,7 @@ class Agent:
     def _backend_failed(self, slot: BackendSlot, now: float, message: str) -> None:
         """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
         self.store.set_backend(slot.name, False, message)
-        if not slot.down_reported:
+        if not slot.down_reported and not self._stop.is_set():  # closing the library under a hung call is ours
             log.error(
                 "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
             )
@@ -267,27 +273,29 @@ class Agent:
     # --- events --------------------------------------------------------------------------------------------
 
     def _event_loop(self, slot: BackendSlot) -> None:
-        reader = self._sources.kernel_log if slot.vendor == "nvidia" else None
         while not self._stop.is_set():
             started = self._monotonic()
             ok = True
             try:
-                events = self._wait_events(slot)
-                if reader is not None:
-                    events.extend(self._kernel_xids(reader))
-                self.store.add_events(events)
+                self.read_events_once(slot, EVENT_WAIT_SECONDS)
             except Exception:
                 log.exception("event reader for %s failed", slot.name)
                 ok = False
                 self._stop.wait(EVENT_WAIT_SECONDS)
             self.store.record_collector_run("xid_events", success=ok, duration_seconds=self._monotonic() - started)
 
-    def _wait_events(self, slot: BackendSlot) -> list[GpuEvent]:
+    def read_events_once(self, slot: BackendSlot, timeout_s: float) -> None:
+        """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
         backend = slot.backend
         if backend is None:
-            self._stop.wait(EVENT_WAIT_SECONDS)
-            return []
-        return backend.wait_events(EVENT_WAIT_SECONDS)
+            self._stop.wait(timeout_s)
+            events: list[GpuEvent] = []
+        else:
+            events = backend.wait_events(timeout_s)
+        reader = self._sources.kernel_log if slot.vendor == "nvidia" else None
+        if reader is not None:
+            events.extend(self._kernel_xids(reader))
+        self.store.add_events(events)
 
     def _kernel_xids(self, reader: KernelLogXidReader) -> list[GpuEvent]:
         events = []

@@ -95,8 +95,8 @@ SCENARIOS: dict[str, ScenarioInfo] = {
             "pcie_degraded", "under load on a PCIe gen 3 x8 link of gen 5 x16, replays and link recoveries growing"
         ),
         _single("xid", "XID 13 (an application error, harmless) at 2 s, then XID 79 (fallen off the bus) at 5 s"),
-        _single("ecc_uncorrectable", "uncorrectable ECC errors from 1 s, one more every 5 s"),
-        _single("row_remap_failure", "a row remap failed and one is pending from 1 s; the driver asks for a GPU reset"),
+        _single("ecc_uncorrectable", "uncorrectable ECC errors from the start, one more every 5 s"),
+        _single("row_remap_failure", "a row remap failed, one pending, from the start; driver asks for a GPU reset"),
         _single("gpu_lost", "the GPU stops answering (GPU is lost) at 6 s; it stays on the PCI bus"),
         ScenarioInfo("backend_down", "the vendor library is missing: init fails (NVML LibraryNotFound)", None, True),
     )
@@ -136,7 +136,9 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
     elif scenario == "xid":
         put(fault_gpu, fault=scenario, events=((2.0, 13), (5.0, 79)))
     elif scenario in ("ecc_uncorrectable", "row_remap_failure"):
-        put(fault_gpu, fault=scenario)
+        # Present from the start: the agent reads memory health in its slow tier (every 30 s), and the first
+        # poll, at start, must already show it.
+        put(fault_gpu, fault=scenario, onset_s=0.0)
     elif scenario == "gpu_lost":
         put(fault_gpu, fault=scenario, lost_after_s=6.0)
     return plans

@@ -1,0 +1,82 @@
+"""An in-process agent over the simulated node with a clock the test drives: deterministic and fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatch.agent import Agent, BackendSlot, NodeSources
+from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.config import load_config
+from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.scenarios import SimulatedNode
+
+START_WALL = 1_800_000_000.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.elapsed = 0.0
+
+    def mono(self) -> float:
+        return self.elapsed
+
+    def wall(self) -> float:
+        return START_WALL + self.elapsed
+
+
+class SimAgent:
+    """The real Agent, backend and simulated library; the test advances time one poll at a time."""
+
+    def __init__(self, state_dir: Path, scenario: str = "healthy", gpus: int = 8, **config: object) -> None:
+        self.clock = FakeClock()
+        self.node = SimulatedNode(scenario=scenario, gpus=gpus, clock=self.clock.mono, wall_clock=self.clock.wall)
+        lib = SimulatedNvml(self.node)
+        self.slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=self.clock.wall))
+        overrides = {"agent": {"backend": "simulated", "state_dir": str(state_dir), **config}}
+        self.agent = Agent(
+            load_config(None, overrides),
+            NodeSources([self.slot], self.node.pci_gpu_counts, None),
+            clock=self.clock.wall,
+            monotonic=self.clock.mono,
+        )
+        self.agent.store.register_collector("nvml", self.agent.config.agent.poll_interval_seconds)
+        self._scraped: dict[tuple[str, frozenset[tuple[str, str]]], float] | None = None
+
+    def run(self, seconds: float, step: float = 1.0) -> None:
+        """Poll and read events every `step` simulated seconds."""
+        end = self.clock.elapsed + seconds
+        while self.clock.elapsed < end:
+            self.agent.poll_once()
+            self.agent.read_events_once(self.slot, 0.0)
+            self.clock.elapsed += step
+        self.clock.elapsed -= step  # scrape right after the last poll
+        self._scraped = None
+
+    def text(self) -> str:
+        return generate_latest(self.agent.registry).decode()
+
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """One scrape per simulated moment: parsed once, then reused until time moves."""
+        if self._scraped is None:
+            self._scraped = {}
+            for family in text_string_to_metric_families(self.text()):
+                for s in family.samples:
+                    self._scraped[(s.name, frozenset(s.labels.items()))] = s.value
+        return self._scraped
+
+    def gpu(self, index: int) -> dict[str, str]:
+        """The gpu/uuid labels of GPU `index`."""
+        for name, labels in self.samples():
+            if name == "gpuwatch_gpu_up" and dict(labels)["gpu"] == str(index):
+                return dict(labels)
+        raise KeyError(index)
+
+    def value(self, name: str, gpu: int | None = None, **labels: str) -> float | None:
+        full = {**(self.gpu(gpu) if gpu is not None else {}), **labels}
+        return self.samples().get((name, frozenset(full.items())))
+
+    def close(self) -> None:
+        self.agent.stop()

@@ -1,0 +1,145 @@
+"""Faults while the agent runs for real (scheduler, event thread, HTTP server) over the simulated library:
+a hung vendor call, a GPU lost and back, NotSupported everywhere, random errors."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatch.agent import Agent, BackendSlot, NodeSources
+from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.config import load_config
+from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
+from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.scenarios import SimulatedNode
+
+POLL = 0.2
+
+
+class Running:
+    def __init__(self, tmp_path: Path, scenario: str = "healthy") -> None:
+        self.node = SimulatedNode(scenario=scenario, gpus=4)
+        lib = SimulatedNvml(self.node)
+        slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+        self.port = free_port()
+        overrides = {
+            "agent": {
+                "backend": "simulated",
+                "state_dir": str(tmp_path),
+                "poll_interval_seconds": POLL,
+                "listen": f"127.0.0.1:{self.port}",
+            }
+        }
+        self.agent = Agent(load_config(None, overrides), NodeSources([slot], self.node.pci_gpu_counts, None))
+        self.agent.start()
+
+    def get(self, path: str) -> tuple[int, str, float]:
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as response:
+                return response.status, response.read().decode(), time.monotonic() - started
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(), time.monotonic() - started
+
+    def up(self) -> dict[str, float]:
+        _, text, _ = self.get("/metrics")
+        out = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "gpuwatch_gpu_up":
+                out.update({s.labels["gpu"]: s.value for s in family.samples})
+        return out
+
+    def series(self, name: str, gpu: str) -> list[float]:
+        _, text, _ = self.get("/metrics")
+        return [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and s.labels.get("gpu") == gpu
+        ]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    wait_for(lambda: r.get("/healthz")[0] == 200)
+    yield r
+    r.node.faults.clear()
+    r.agent.stop()
+
+
+def test_hung_vendor_call_turns_gpus_stale_but_scrapes_stay_fast(running: Running) -> None:
+    assert set(running.up().values()) == {1.0}
+    running.node.faults.hang("nvmlDeviceGetPowerUsage", gpu=1)
+    assert running.node.faults.wait_until_blocked(1, timeout=5)
+    wait_for(lambda: set(running.up().values()) == {0.0}, timeout=3 * POLL + 2)
+    status, body, _ = running.get("/healthz")
+    assert status == 503 and "hung vendor call" in body
+    assert running.series("gpuwatch_gpu_power_watts", "0") == []  # no stale readings that look healthy
+    _, _, scrape_seconds = running.get("/metrics")
+    assert scrape_seconds < 0.5
+    running.node.faults.release()
+    wait_for(lambda: set(running.up().values()) == {1.0})
+    assert running.get("/healthz")[0] == 200
+
+
+def test_stop_within_two_seconds_while_a_vendor_call_hangs(running: Running) -> None:
+    running.node.faults.hang("nvmlDeviceGetTemperature")
+    assert running.node.faults.wait_until_blocked(1, timeout=5)
+    started = time.monotonic()
+    running.agent.stop()
+    assert time.monotonic() - started < 2.0
+
+
+def test_gpu_lost_mid_run_and_back_after_a_driver_reload(running: Running) -> None:
+    running.node.faults.lose_gpu(2)
+    wait_for(lambda: running.up().get("2") == 0.0)
+    up = running.up()
+    assert up["0"] == up["1"] == up["3"] == 1.0
+    assert running.series("gpuwatch_gpu_temperature_celsius", "2") == []
+    assert running.get("/healthz")[0] == 200  # the hardware's problem, not the agent's
+    running.node.faults.restore_gpu(2)
+    wait_for(lambda: running.up().get("2") == 1.0)
+    assert running.series("gpuwatch_gpu_temperature_celsius", "2") != []
+
+
+def test_not_supported_everywhere_omits_readings_but_keeps_the_gpu_up(running: Running) -> None:
+    for pattern in (
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature*",
+    ):
+        running.node.faults.fail(pattern, NVML_ERROR_NOT_SUPPORTED)
+    wait_for(lambda: running.series("gpuwatch_gpu_power_watts", "0") == [])
+    assert running.series("gpuwatch_gpu_temperature_celsius", "0") == []
+    assert running.series("gpuwatch_gpu_utilization_ratio", "0") == []
+    assert set(running.up().values()) == {1.0}
+    assert running.series("gpuwatch_gpu_memory_total_bytes", "0") != []  # what is supported is still read
+
+
+def test_random_errors_never_stop_the_agent(running: Running) -> None:
+    running.node.faults.fail("nvmlDevice*", NVML_ERROR_UNKNOWN, rate=0.2)
+    time.sleep(2.0)
+    for _ in range(10):
+        status, text, _ = running.get("/metrics")
+        assert status == 200
+        list(text_string_to_metric_families(text))  # always parses
+    running.node.faults.clear_failures()
+    wait_for(lambda: set(running.up().values()) == {1.0})

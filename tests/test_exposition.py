@@ -1,0 +1,66 @@
+"""The whole /metrics output: a golden file of the simulated healthy node, the spec's names, types and labels on
+the real output, and promtool's lint."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from simnode import SimAgent
+from test_metrics_spec import spec_metrics
+
+from gpuwatch.simulated.scenarios import SCENARIOS
+
+GOLDEN = Path(__file__).parent / "golden" / "healthy.prom"
+
+
+def normalized(text: str) -> str:
+    """Only what differs between machines: the Python version and gpuwatch's own version."""
+    return re.sub(r'gpuwatch_build_info\{python_version="[^"]*",version="[^"]*"\}', "gpuwatch_build_info{}", text)
+
+
+def healthy_output(tmp_path: Path) -> str:
+    sim = SimAgent(tmp_path, scenario="healthy")
+    try:
+        sim.run(10.0)
+        return normalized(sim.text())
+    finally:
+        sim.close()
+
+
+def test_golden_output_of_the_simulated_healthy_node(tmp_path: Path) -> None:
+    text = healthy_output(tmp_path)
+    if os.environ.get("GPUWATCH_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "regenerate with GPUWATCH_UPDATE_GOLDEN=1 after checking the diff"
+
+
+def test_golden_output_passes_promtool(promtool: str) -> None:
+    result = subprocess.run([promtool, "check", "metrics"], input=GOLDEN.read_text(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == ""
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_exported_series_holds_to_the_spec(tmp_path: Path, scenario: str, promtool: str) -> None:
+    sim = SimAgent(tmp_path, scenario=scenario)
+    try:
+        sim.run(30.0)
+        text = sim.text()
+    finally:
+        sim.close()
+    spec = spec_metrics()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        type_, labels = spec[family.name if family.type != "counter" else family.name + "_total"]
+        assert family.type == type_, family.name
+        for s in family.samples:
+            assert tuple(sorted(s.labels)) == tuple(sorted(labels)), (s.name, s.labels)
+            assert s.value == s.value, f"NaN in {s.name}"  # never NaN for "not available"
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
