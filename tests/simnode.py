@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatch.agent import Agent, BackendSlot, NodeSources
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
+from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.simulated.nvml_lib import SimulatedNvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
@@ -30,7 +31,14 @@ class FakeClock:
 class SimAgent:
     """The real Agent, backend and simulated library; the test advances time one poll at a time."""
 
-    def __init__(self, state_dir: Path, scenario: str = "healthy", gpus: int = 8, **config: object) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        scenario: str = "healthy",
+        gpus: int = 8,
+        kernel_log: KernelLogXidReader | None = None,
+        **config: object,
+    ) -> None:
         self.clock = FakeClock()
         self.node = SimulatedNode(scenario=scenario, gpus=gpus, clock=self.clock.mono, wall_clock=self.clock.wall)
         lib = SimulatedNvml(self.node)
@@ -38,7 +46,7 @@ class SimAgent:
         overrides = {"agent": {"backend": "simulated", "state_dir": str(state_dir), **config}}
         self.agent = Agent(
             load_config(None, overrides),
-            NodeSources([self.slot], self.node.pci_gpu_counts, None),
+            NodeSources([self.slot], self.node.pci_gpu_counts, kernel_log),
             clock=self.clock.wall,
             monotonic=self.clock.mono,
         )
