@@ -1,0 +1,623 @@
+"""The AMD SMI backend: the only module of gpuwatch that speaks AMD SMI.
+
+It takes the ``amdsmi`` module (or the simulated stand-in) as a parameter, so the code that runs on a customer's
+MI300X is the code the tests run. Every library call passes through one choke point, ``AmdSmiBackend._invoke``,
+which turns "this device cannot give that" (NOT_SUPPORTED, remembered per GPU) into ``None`` and real trouble into
+exceptions: the library failing (``BackendUnavailable``; the agent reopens it) and one GPU failing (its reading has
+no sample while the other GPUs keep being read). Every dict value is type-checked: AMD SMI answers ``"N/A"``
+strings where a value is unavailable.
+
+Tiers as for NVML: static (identity, temperature limits, max clocks, PCIe maxima, partition; at open and after a
+driver change), slow (power caps, ECC, bad pages, PCIe link and counters, XGMI, partition mode) and fast (every
+poll: temperatures, clocks, power, energy, activity, VRAM, processes, and one ``gpu_metrics`` read for the
+throttle residency counters). ``amdsmi_get_violation_status`` sleeps ~100 ms per call, so it is read only in the
+slow tier and only where ``gpu_metrics`` lacks the residency counters.
+
+Throttle mapping (spec/metrics.md, "Throttling"): AMD counts, per cause, how many ticks of the accumulation
+counter the clocks were held down. The agent turns each poll's share (Δresidency / Δaccumulation_counter) into
+seconds (share × the time between polls) and keeps them as the device's own cumulative counter:
+
+    PPT (package power tracking)      ppt_residency_acc          -> sw_power_cap
+    PROCHOT (external slowdown)       prochot_residency_acc      -> hw_slowdown
+    socket thermal                    socket_thm_residency_acc   -> hw_thermal
+    HBM thermal                       hbm_thm_residency_acc      -> hw_thermal
+    VR (voltage regulator) thermal    vr_thm_residency_acc       -> hw_thermal
+    (no power-brake signal on AMD: hw_power_brake is never reported)
+
+The three thermal causes overlap in time, so hw_thermal takes the largest of their shares, never their sum.
+
+Compute partitions (MI300X CPX / NPS modes) show one processor handle per partition, each repeating the socket's
+power, energy, temperatures, limits, ECC, PCIe and XGMI readings; only partition 0 of a socket exports those, so
+nothing is counted twice. Resets are reported by the event reader (GPU_PRE_RESET) for partition 0 likewise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import importlib.metadata
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
+
+from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, Vendor
+
+log = logging.getLogger(__name__)
+
+# amdsmi_wrapper.AMDSMI_STATUS_*: the same numbers in 6.x and 7.x.
+_NOT_SUPPORTED = 2
+_NO_DATA = 40
+# The library as a whole cannot be used; what the operator should do about each.
+_LIBRARY_PROBLEMS: dict[int, str] = {
+    4: "libamd_smi.so could not load a module it needs: reinstall amd-smi-lib (ROCm)",
+    5: "libamd_smi.so lacks a symbol the amdsmi package needs: install the amdsmi package of the host's ROCm version",
+    18: "AMD SMI failed to initialise: check that the amdgpu driver is loaded (lsmod | grep amdgpu) and see dmesg",
+    32: "AMD SMI is not initialised (it was shut down underneath the agent); the agent reopens it",
+    34: "the amdgpu kernel driver is not loaded: modprobe amdgpu, or reboot; see dmesg",
+}
+# The value is not available now (or ever, for the first two: remembered per GPU until the driver changes).
+_PERMANENT = frozenset({2, 3})  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED
+_UNAVAILABLE = frozenset({1, 9, 10, 30, _NO_DATA}) | _PERMANENT  # INVAL, RETRY, NO_PERM, BUSY, NO_DATA
+_PCIE_GENERATION_MTS = ((1, 2500), (2, 5000), (3, 8000), (4, 16000), (5, 32000), (6, 64000))
+
+# gpu_metrics / violation-status residency keys and the schema's reason for each (see the module docstring).
+_RESIDENCY = (
+    ("ppt_residency_acc", "acc_ppt_pwr", "sw_power_cap"),
+    ("prochot_residency_acc", "acc_prochot_thrm", "hw_slowdown"),
+    ("socket_thm_residency_acc", "acc_socket_thrm", "hw_thermal"),
+    ("hbm_thm_residency_acc", "acc_hbm_thrm", "hw_thermal"),
+    ("vr_thm_residency_acc", "acc_vr_thrm", "hw_thermal"),
+)
+THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "hw_thermal")
+
+
+class _Unavailable(Exception):
+    """AMD SMI cannot give this value now (not supported, busy, no permission, no such function)."""
+
+
+class _GpuFailed(Exception):
+    """One GPU stopped answering: its reading has no sample, the other GPUs are read on."""
+
+
+@dataclass
+class _Residency:
+    """The last residency counters of a GPU and the seconds the agent has made of them."""
+
+    accumulation: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    at: float = 0.0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(THROTTLE_REASONS, 0.0))
+    active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(THROTTLE_REASONS, False))
+    from_metrics: bool = True  # False: gpu_metrics lacks them, violation status (slow tier) feeds them
+
+
+@dataclass
+class _Gpu:
+    """What the backend keeps about one processor handle between polls."""
+
+    handle: Any
+    identity: GpuIdentity
+    primary: bool = True  # partition 0 of its socket: the one that exports socket-level readings
+    unsupported: set[Hashable] = field(default_factory=set)
+    static: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))
+    kept: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))
+    residency: _Residency = field(default_factory=_Residency)
+    xgmi_links: int = 0
+    needs_static: bool = True
+    needs_slow: bool = True
+
+
+def load_amdsmi(importer: Callable[[], Any] | None = None) -> Any:
+    """``import amdsmi``, never a crash: without ROCm's libamd_smi.so the import prints to stdout and raises
+    KeyError('libamd_smi.so'), not ImportError, so every exception becomes BackendUnavailable."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            return importer() if importer is not None else importlib.import_module("amdsmi")
+    except ModuleNotFoundError as exc:
+        if exc.name == "amdsmi":
+            raise BackendUnavailable("the amdsmi Python package is not installed: pip install 'gpuwatch[amd]'") from exc
+        raise BackendUnavailable(f"AMD SMI library not found: {exc}") from exc
+    except Exception as exc:
+        said = " ".join(captured.getvalue().split())
+        raise BackendUnavailable(
+            "AMD SMI library not found (libamd_smi.so): install ROCm's amd-smi-lib on this host, or set "
+            f"ROCM_PATH to where it lives ({type(exc).__name__}: {exc}{'; ' + said if said else ''})"
+        ) from exc
+
+
+class AmdSmiBackend:
+    """AMD GPUs through AMD SMI; see the module docstring for tiers, throttle mapping and partitions.
+
+    ``index_offset`` numbers the GPUs after the NVIDIA ones on a node with both vendors (spec/metrics.md); a
+    callable is asked at every open, when the NVIDIA count is known.
+    """
+
+    name: str = "amdsmi"
+    vendor: Vendor = "amd"
+
+    def __init__(
+        self,
+        lib: Any,
+        *,
+        index_offset: int | Callable[[], int] = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._lib = lib
+        self._index_offset = index_offset
+        self._clock = clock
+        self._open = False
+        self._driver = ""
+        self._gpus: list[_Gpu] = []
+        self._library_error: type[BaseException] = getattr(lib, "AmdSmiLibraryException", RuntimeError)
+        self._any_error: type[BaseException] = getattr(lib, "AmdSmiException", RuntimeError)
+        # The event thread and the poll thread share only these; the lock is held across the event read so
+        # close() never stops a reader under a waiting thread.
+        self._events_lock = threading.Lock()
+        self._readers: list[Any] = []
+        self._uuid_by_handle: dict[Hashable, str] = {}
+
+    # ----- the choke point -----
+
+    def _invoke(self, gpu: _Gpu | None, name: str, *args: Any) -> Any:
+        """Every AMD SMI call of the backend passes here."""
+        key = (name, *args)
+        if gpu is not None and key in gpu.unsupported:
+            raise _Unavailable(f"{name}: not supported (remembered)")
+        function = getattr(self._lib, name, None)
+        if function is None:
+            raise _Unavailable(f"{name}: not in this amdsmi version")
+        try:
+            return function(*((gpu.handle,) if gpu is not None else ()), *args)
+        except self._library_error as exc:
+            self._raise_for(gpu, name, key, _code(exc), exc)
+        except self._any_error as exc:  # parameter / key exceptions: this call cannot work with this version
+            if gpu is not None:
+                gpu.unsupported.add(key)
+            raise _Unavailable(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _raise_for(gpu: _Gpu | None, name: str, key: Hashable, code: int, exc: BaseException) -> NoReturn:
+        """Sort an AMD SMI status into library failure, GPU failure, or a value that is not available."""
+        if code in _LIBRARY_PROBLEMS:
+            raise BackendUnavailable(f"AMD SMI: {_LIBRARY_PROBLEMS[code]} ({name}: status {code})")
+        if code in _UNAVAILABLE:
+            if gpu is not None and code in _PERMANENT:
+                gpu.unsupported.add(key)
+            raise _Unavailable(f"{name}: status {code}")
+        if gpu is None:
+            raise _Unavailable(f"{name}: status {code}: {_one_line(exc)}")
+        raise _GpuFailed(f"the GPU does not answer ({name}: {_one_line(exc)})")
+
+    def _call(self, gpu: _Gpu | None, name: str, *args: Any) -> Any:
+        """A value, or None where AMD SMI cannot give it."""
+        try:
+            return self._invoke(gpu, name, *args)
+        except _Unavailable as exc:
+            log.debug("not available: %s", exc)
+            return None
+
+    def _dict(self, gpu: _Gpu, name: str, *args: Any) -> dict[str, Any]:
+        value = self._call(gpu, name, *args)
+        return value if isinstance(value, dict) else {}
+
+    # ----- Backend protocol -----
+
+    def open(self) -> None:
+        """amdsmi_init for GPUs, enumerate processors, read their static tier and start the reset event readers."""
+        if self._open:
+            return
+        init_flags = getattr(self._lib, "AmdSmiInitFlags", None)
+        if init_flags is None:
+            raise BackendUnavailable("the amdsmi module has no AmdSmiInitFlags: install the amdsmi package of ROCm")
+        try:
+            self._invoke(None, "amdsmi_init", init_flags.INIT_AMD_GPUS)
+        except _Unavailable as exc:
+            raise BackendUnavailable(f"AMD SMI cannot be initialised: {exc}") from exc
+        self._open = True
+        try:
+            handles = self._call(None, "amdsmi_get_processor_handles")
+            if handles is None:
+                raise BackendUnavailable("AMD SMI lists no processors (amdsmi_get_processor_handles failed)")
+            offset = self._index_offset() if callable(self._index_offset) else self._index_offset
+            self._gpus = [gpu for i, h in enumerate(handles) if (gpu := self._enumerate(i + offset, h)) is not None]
+            self._open_events()
+        except BackendUnavailable:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the event readers and shut AMD SMI down; safe when not open."""
+        with self._events_lock:
+            for reader in self._readers:
+                with contextlib.suppress(Exception):
+                    reader.stop()
+            self._readers = []
+            self._uuid_by_handle = {}
+        if self._open:
+            with contextlib.suppress(Exception):
+                self._lib.amdsmi_shut_down()
+        self._open = False
+        self._gpus = []
+
+    def gpus(self) -> list[GpuIdentity]:
+        return [gpu.identity for gpu in self._gpus]
+
+    def reset_uuids(self) -> list[str]:
+        """GPUs whose resets this backend reports (partition 0 of each socket): their counters exist from 0."""
+        return [gpu.identity.uuid for gpu in self._gpus if gpu.primary]
+
+    def poll(self, *, slow: bool) -> list[GpuReading]:
+        if not self._open:
+            raise BackendUnavailable("the AMD SMI backend is not open")
+        if slow:
+            self._check_driver()
+        return [self._poll_gpu(gpu, slow) for gpu in self._gpus]
+
+    def wait_events(self, timeout_s: float) -> list[GpuEvent]:
+        """Block up to timeout_s for GPU resets; [] on timeout (NO_DATA) and without event support."""
+        deadline = time.monotonic() + timeout_s
+        with self._events_lock:
+            events = self._read_events(timeout_s) if self._readers else None
+        if events is None:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return []
+        return events
+
+    def versions(self) -> dict[str, str]:
+        """The amdsmi package, the host's libamd_smi, ROCm and the amdgpu driver, for ``version`` and ``check``."""
+        found: dict[str, str] = {"amdsmi": _package_version(self._lib)}
+        lib_version = self._call(None, "amdsmi_get_lib_version")
+        if isinstance(lib_version, dict):
+            found["amd_smi_lib"] = ".".join(str(lib_version.get(k, "")) for k in ("major", "minor", "release"))
+        rocm = self._call(None, "amdsmi_get_rocm_version")
+        if isinstance(rocm, tuple) and len(rocm) == 2 and rocm[0]:
+            found["rocm"] = str(rocm[1])
+        found["amdgpu_driver"] = self._driver
+        return {key: value for key, value in found.items() if value}
+
+    def version_problem(self) -> str | None:
+        """The amdsmi package must come from the host's ROCm release (major.minor), or calls fail or mis-read."""
+        versions = self.versions()
+        package, rocm = versions.get("amdsmi", ""), versions.get("rocm", "")
+        if package and rocm and package.split(".")[:2] != rocm.split(".")[:2]:
+            return (
+                f"the amdsmi Python package is {package} but the host's ROCm is {rocm}: "
+                f"pip install 'amdsmi=={'.'.join(rocm.split('.')[:2])}.*'"
+            )
+        return None
+
+    # ----- open -----
+
+    def _enumerate(self, index: int, handle: Any) -> _Gpu | None:
+        gpu = _Gpu(handle, GpuIdentity(uuid="", vendor="amd", index=index))
+        try:
+            self._read_static(gpu)
+        except _GpuFailed as exc:
+            log.warning("AMD GPU %d: %s; skipped", index, exc)
+            return None
+        if not gpu.identity.uuid:
+            log.warning("AMD GPU %d: no UUID; skipped", index)
+            return None
+        return gpu
+
+    def _open_events(self) -> None:
+        """One reader per socket for GPU_PRE_RESET; the library delivers every registered GPU's events to any."""
+        kinds = getattr(self._lib, "AmdSmiEvtNotificationType", None)
+        reader_class = getattr(self._lib, "AmdSmiEventReader", None)
+        if kinds is None or reader_class is None:
+            return
+        readers, uuids = [], {}
+        for gpu in self._gpus:
+            if not gpu.primary:
+                continue
+            try:
+                readers.append(reader_class(gpu.handle, [kinds.GPU_PRE_RESET]))
+                uuids[_handle_key(gpu.handle)] = gpu.identity.uuid
+            except Exception as exc:  # a reader is a bonus: resets also show as a GPU that stopped answering
+                log.warning("GPU %s: reset events not available: %s", gpu.identity.uuid, _one_line(exc))
+        with self._events_lock:
+            self._readers, self._uuid_by_handle = readers, uuids
+
+    def _read_events(self, timeout_s: float) -> list[GpuEvent] | None:
+        try:
+            found = self._readers[0].read(max(0, int(timeout_s * 1000)))
+        except self._library_error as exc:
+            if _code(exc) == _NO_DATA:  # nothing before the timeout
+                return []
+            log.debug("event read: %s", _one_line(exc))
+            return None
+        except Exception as exc:
+            log.debug("event read: %s", _one_line(exc))
+            return None
+        events = []
+        for event in found if isinstance(found, list) else []:
+            uuid = self._uuid_by_handle.get(_handle_key(event.get("processor_handle")))
+            if uuid and event.get("event") == "GPU_PRE_RESET":
+                events.append(GpuEvent(uuid, "reset", timestamp=self._clock(), source="amdsmi"))
+        return events
+
+    # ----- polling -----
+
+    def _check_driver(self) -> None:
+        """A new amdgpu driver means new capabilities: re-read every GPU's static tier."""
+        if not self._gpus:
+            return
+        driver = _text(self._dict(self._gpus[0], "amdsmi_get_gpu_driver_info").get("driver_version"))
+        if driver and driver != self._driver:
+            if self._driver:
+                log.info("amdgpu driver changed from %s to %s: re-reading static readings", self._driver, driver)
+            self._driver = driver
+            for gpu in self._gpus:
+                gpu.needs_static = True
+
+    def _poll_gpu(self, gpu: _Gpu, slow: bool) -> GpuReading:
+        try:
+            return GpuReading(gpu.identity, self._read(gpu, slow))
+        except _GpuFailed as exc:
+            gpu.needs_static = True
+            gpu.residency = _Residency()
+            return GpuReading(gpu.identity, None, error=str(exc))
+
+    def _read(self, gpu: _Gpu, slow: bool) -> GpuSample:
+        if gpu.needs_static:
+            self._read_static(gpu)
+        now = self._clock()
+        if slow or gpu.needs_slow:
+            kept = copy.deepcopy(gpu.static)
+            self._read_slow(gpu, kept, now)
+            gpu.kept, gpu.needs_slow = kept, False
+        sample = copy.deepcopy(gpu.kept)
+        sample.timestamp = now
+        self._read_fast(gpu, sample, now)
+        return sample
+
+    # ----- static tier -----
+
+    def _read_static(self, gpu: _Gpu) -> None:
+        """Identity, the limits the device declares, maxima; forgets remembered NotSupported."""
+        gpu.unsupported.clear()
+        lib = self._lib
+        asic = self._dict(gpu, "amdsmi_get_gpu_asic_info")
+        board = self._dict(gpu, "amdsmi_get_gpu_board_info")
+        driver = _text(self._dict(gpu, "amdsmi_get_gpu_driver_info").get("driver_version"))
+        self._driver = self._driver or driver
+        bdf = _text(self._call(gpu, "amdsmi_get_gpu_device_bdf"))
+        gpu.identity = replace(
+            gpu.identity,
+            uuid=_text(self._call(gpu, "amdsmi_get_gpu_device_uuid")) or gpu.identity.uuid,
+            model=_text(asic.get("market_name")) or _text(board.get("product_name")),
+            serial=_text(board.get("product_serial")) or _text(asic.get("asic_serial")),
+            pci_bus_id=bdf,
+            driver_version=driver,
+            vbios_version=_text(self._dict(gpu, "amdsmi_get_gpu_vbios_info").get("version")),
+        )
+        kfd = _number(self._dict(gpu, "amdsmi_get_gpu_kfd_info").get("current_partition_id"))
+        gpu.primary = int(kfd) == 0 if kfd is not None else not bdf or bdf.endswith(".0")
+        static = GpuSample(gpu.identity.uuid, 0.0)
+        temp_type, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
+        if gpu.primary:
+            for key, sensor, limit in (
+                (("core", "slowdown"), temp_type.HOTSPOT, metric.CRITICAL),
+                (("core", "shutdown"), temp_type.HOTSPOT, metric.EMERGENCY),
+                (("memory", "max_operating"), temp_type.VRAM, metric.CRITICAL),
+            ):
+                if (celsius := _number(self._call(gpu, "amdsmi_get_temp_metric", sensor, limit))) is not None:
+                    static.temperature_threshold_celsius[key] = celsius
+            pcie = self._dict(gpu, "amdsmi_get_pcie_info").get("pcie_static")
+            if isinstance(pcie, dict):
+                if (width := _number(pcie.get("max_pcie_width"))) is not None:
+                    static.pcie_link_width["max"] = int(width)
+                generation = _number(pcie.get("pcie_interface_version")) or _generation(pcie.get("max_pcie_speed"))
+                if generation:
+                    static.pcie_link_generation["max"] = int(generation)
+            links = self._dict(gpu, "amdsmi_get_gpu_xgmi_link_status").get("status")
+            gpu.xgmi_links = len(links) if isinstance(links, list) else 0
+        for clocks, clock_type in ((("sm", "graphics"), lib.AmdSmiClkType.GFX), (("memory",), lib.AmdSmiClkType.MEM)):
+            if (mhz := _number(self._dict(gpu, "amdsmi_get_clock_info", clock_type).get("max_clk"))) is not None:
+                for clock in clocks:
+                    static.clock_max_hertz[clock] = mhz * 1e6
+        gpu.static = static
+        gpu.needs_static, gpu.needs_slow = False, True
+
+    # ----- slow tier -----
+
+    def _read_slow(self, gpu: _Gpu, sample: GpuSample, now: float) -> None:
+        partition = _text(self._call(gpu, "amdsmi_get_gpu_compute_partition"))
+        if partition:
+            sample.mig_enabled = partition.upper() not in ("SPX", "N/A")
+        if not gpu.primary:
+            return
+        self._read_power_caps(gpu, sample)
+        self._read_memory_health(gpu, sample)
+        self._read_pcie(gpu, sample)
+        self._read_xgmi(gpu, sample)
+        if not gpu.residency.from_metrics:
+            self._read_violation_status(gpu, now)
+
+    def _read_power_caps(self, gpu: _Gpu, sample: GpuSample) -> None:
+        """Power caps come in µW."""
+        caps = self._dict(gpu, "amdsmi_get_power_cap_info")
+        for limit, key in (("enforced", "power_cap"), ("default", "default_power_cap"), ("min", "min_power_cap"),
+                           ("max", "max_power_cap")):  # fmt: skip
+            if (microwatts := _number(caps.get(key))) is not None:
+                sample.power_limit_watts[limit] = microwatts / 1e6
+
+    def _read_memory_health(self, gpu: _Gpu, sample: GpuSample) -> None:
+        enabled = _number(self._call(gpu, "amdsmi_get_gpu_ecc_enabled"))
+        if enabled is not None:
+            sample.ecc_enabled = enabled != 0
+        counts = self._dict(gpu, "amdsmi_get_gpu_total_ecc_count")
+        for kind, key in (("corrected", "correctable_count"), ("uncorrected", "uncorrectable_count"),
+                          ("deferred", "deferred_count")):  # fmt: skip
+            if (count := _number(counts.get(key))) is not None:
+                sample.ecc_errors_total[kind] = int(count)
+        pages = self._call(gpu, "amdsmi_get_gpu_bad_page_info")
+        if isinstance(pages, list):
+            sample.retired_pages = len(pages)
+
+    def _read_pcie(self, gpu: _Gpu, sample: GpuSample) -> None:
+        metric = self._dict(gpu, "amdsmi_get_pcie_info").get("pcie_metric")
+        if not isinstance(metric, dict):
+            return
+        if (width := _number(metric.get("pcie_width"))) is not None:
+            sample.pcie_link_width["current"] = int(width)
+        if (generation := _generation(metric.get("pcie_speed"))) is not None:
+            sample.pcie_link_generation["current"] = generation
+        if (replays := _number(metric.get("pcie_replay_count"))) is not None:
+            sample.pcie_replays_total = int(replays)
+        if (recoveries := _number(metric.get("pcie_l0_to_recovery_count"))) is not None:
+            sample.pcie_link_recoveries_total = int(recoveries)
+
+    def _read_xgmi(self, gpu: _Gpu, sample: GpuSample) -> None:
+        """XGMI links by position: 'U' up, 'D' down; disabled ('X') and unknown links are not exported."""
+        if not gpu.xgmi_links:
+            return
+        status = self._dict(gpu, "amdsmi_get_gpu_xgmi_link_status").get("status")
+        for link, state in enumerate(status if isinstance(status, list) else []):
+            if state in ("U", "D"):
+                sample.nvlink_up[str(link)] = state == "U"
+
+    def _read_violation_status(self, gpu: _Gpu, now: float) -> None:
+        """Residency from violation status (sleeps ~100 ms): only where gpu_metrics has no residency counters."""
+        status = self._dict(gpu, "amdsmi_get_violation_status")
+        counters = {key: int(v) for _, key, _ in _RESIDENCY if (v := _number(status.get(key))) is not None}
+        self._update_residency(gpu, _number(status.get("acc_counter")), counters, now, keys=1)
+
+    # ----- fast tier -----
+
+    def _read_fast(self, gpu: _Gpu, sample: GpuSample, now: float) -> None:
+        lib = self._lib
+        if gpu.primary:
+            self._read_thermal_power(gpu, sample)
+            self._read_throttle(gpu, sample, now)
+        for clock, clock_type in (("graphics", lib.AmdSmiClkType.GFX), ("memory", lib.AmdSmiClkType.MEM)):
+            info = self._dict(gpu, "amdsmi_get_clock_info", clock_type)
+            mhz = _number(info.get("clk", info.get("cur_clk")))  # cur_clk in 6.0/6.1
+            if mhz is not None:
+                sample.clock_hertz[clock] = mhz * 1e6
+                if clock == "graphics":
+                    sample.clock_hertz["sm"] = mhz * 1e6
+        activity = self._dict(gpu, "amdsmi_get_gpu_activity")
+        if (gfx := _number(activity.get("gfx_activity"))) is not None:
+            sample.utilization_ratio = gfx / 100
+        if (umc := _number(activity.get("umc_activity"))) is not None:
+            sample.memory_utilization_ratio = umc / 100
+        vram = self._dict(gpu, "amdsmi_get_gpu_vram_usage")
+        total, used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
+        if total is not None and used is not None:  # MiB
+            sample.memory_total_bytes, sample.memory_used_bytes = int(total) * 2**20, int(used) * 2**20
+        processes = self._call(gpu, "amdsmi_get_gpu_process_list")
+        if isinstance(processes, list):
+            sample.process_pids = tuple(int(p["pid"]) for p in processes if isinstance(p, dict) and "pid" in p)
+
+    def _read_thermal_power(self, gpu: _Gpu, sample: GpuSample) -> None:
+        temp_type, current = self._lib.AmdSmiTemperatureType, self._lib.AmdSmiTemperatureMetric.CURRENT
+        for sensor, kind in (("core", temp_type.HOTSPOT), ("edge", temp_type.EDGE), ("memory", temp_type.VRAM)):
+            if (celsius := _number(self._call(gpu, "amdsmi_get_temp_metric", kind, current))) is not None:
+                sample.temperature_celsius[sensor] = celsius
+        power = self._dict(gpu, "amdsmi_get_power_info")
+        for key in ("socket_power", "current_socket_power", "average_socket_power"):  # 7.0, MI300+, older
+            if (watts := _number(power.get(key))) is not None:
+                sample.power_watts = watts
+                break
+        energy = self._dict(gpu, "amdsmi_get_energy_count")
+        counts = _number(energy.get("energy_accumulator", energy.get("power")))  # "power" before 6.3
+        resolution = _number(energy.get("counter_resolution"))
+        if counts is not None and resolution is not None:
+            sample.energy_joules = counts * resolution / 1e6  # µJ
+
+    def _read_throttle(self, gpu: _Gpu, sample: GpuSample, now: float) -> None:
+        residency = gpu.residency
+        if residency.from_metrics:
+            metrics = self._dict(gpu, "amdsmi_get_gpu_metrics_info")
+            counters = {key: int(v) for key, _, _ in _RESIDENCY if (v := _number(metrics.get(key))) is not None}
+            accumulation = _number(metrics.get("accumulation_counter"))
+            if counters and accumulation is not None:
+                self._update_residency(gpu, accumulation, counters, now, keys=0)
+            elif residency.accumulation is None:  # no residency here: violation status, in the slow tier
+                residency.from_metrics = False
+                gpu.needs_slow = True
+        if residency.accumulation is not None:
+            sample.throttle_active = dict(residency.active)
+            sample.throttle_counter_seconds = dict(residency.seconds)
+
+    @staticmethod
+    def _update_residency(
+        gpu: _Gpu, accumulation: float | None, counters: dict[str, int], now: float, keys: int
+    ) -> None:
+        """Share of the time since the last read each reason held the clocks, turned into seconds."""
+        residency = gpu.residency
+        if accumulation is None or not counters:
+            return
+        named = {row[keys]: row[2] for row in _RESIDENCY}
+        before, before_counters, elapsed = residency.accumulation, residency.counters, now - residency.at
+        shares: dict[str, float] = dict.fromkeys(THROTTLE_REASONS, 0.0)
+        if before is not None and accumulation > before and elapsed > 0:
+            for key, value in counters.items():
+                if key in before_counters and value >= before_counters[key]:
+                    share = min(1.0, (value - before_counters[key]) / (accumulation - before))
+                    reason = named[key]
+                    shares[reason] = max(shares[reason], share)  # thermal causes overlap: the largest, not the sum
+            for reason, share in shares.items():
+                residency.seconds[reason] += share * elapsed
+                residency.active[reason] = share > 0
+        residency.accumulation, residency.counters, residency.at = int(accumulation), dict(counters), now
+
+
+def _code(exc: BaseException) -> int:
+    getter = getattr(exc, "get_error_code", None)
+    try:
+        return abs(int(getter() if callable(getter) else getattr(exc, "err_code", -1)))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _number(value: Any) -> float | None:
+    """A reading, or None for "N/A" strings, None and other non-numbers AMD SMI answers with."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    """A string reading, '' for "N/A" and non-strings."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return value.strip() if isinstance(value, str) and value.strip() not in ("N/A", "") else ""
+
+
+def _generation(speed: Any) -> int | None:
+    """PCIe speed in MT/s (some releases say GT/s, some 0.1 GT/s) as the generation that runs at it."""
+    mts = _number(speed)
+    if mts is None or mts <= 0:
+        return None
+    if mts < 100:  # GT/s
+        mts *= 1000
+    elif mts < 1000:  # 0.1 GT/s
+        mts *= 100
+    return min(_PCIE_GENERATION_MTS, key=lambda row: abs(row[1] - mts))[0]
+
+
+def _package_version(lib: Any) -> str:
+    """The version of the amdsmi Python package the module came from."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        if getattr(lib, "__name__", "") == "amdsmi":
+            return importlib.metadata.version("amdsmi")
+    return str(getattr(lib, "__version__", ""))
+
+
+def _handle_key(handle: Any) -> Hashable:
+    """A processor handle (a ctypes void pointer) by the address it holds: two handles of one GPU compare unequal."""
+    value = getattr(handle, "value", None)
+    return value if value is not None else id(handle)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,218 @@
+"""The AMD SMI backend over the simulated amdsmi module: AMD SMI's quirks ("N/A" strings, 6.x vs 7.x keys,
+NotSupported calls, a library that goes away, violation status's sleep, compute partitions, resets) and the
+agent's wiring (`--backend auto` with both vendors, AMD numbered after NVIDIA, no AMD series on NVIDIA nodes)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from simnode import SimAgent
+
+from gpuwatch.agent import Agent, build_sources
+from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
+from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.config import load_config
+from gpuwatch.model import GpuSample
+from gpuwatch.simulated.amdsmi_lib import SHAPES, SimulatedAmdSmi, import_simulated_amdsmi
+from gpuwatch.simulated.amdsmi_types import STATUS
+from gpuwatch.simulated.scenarios import SimulatedNode
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@contextlib.contextmanager
+def opened(
+    scenario: str = "healthy", gpus: int = 2, **lib_options: Any
+) -> Iterator[tuple[AmdSmiBackend, SimulatedAmdSmi, SimulatedNode, Clock]]:
+    clock = Clock()
+    node = SimulatedNode(scenario, gpus=gpus, vendor="amd", clock=clock, wall_clock=lambda: 1_800_000_000.0)
+    lib = import_simulated_amdsmi(node, **lib_options)
+    backend = AmdSmiBackend(lib, clock=lambda: 1_800_000_000.0 + clock.t)
+    backend.open()
+    try:
+        yield backend, lib, node, clock
+    finally:
+        backend.close()
+
+
+def sample(backend: AmdSmiBackend, gpu: int = 0, slow: bool = False) -> GpuSample:
+    found = backend.poll(slow=slow)[gpu].sample
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_key_set_gives_the_same_readings(shape: str) -> None:
+    """7.0 socket_power; 6.4 current_socket_power and power_info(sensor_ind); 6.1 cur_clk, energy under 'power'."""
+    with opened("busy", shape=shape) as (backend, lib, _, clock):
+        first = sample(backend, slow=True)
+        clock.t = 5.0
+        later = sample(backend)
+    assert lib.shape == shape
+    assert 700 <= (later.power_watts or 0) <= 750
+    assert later.clock_hertz["graphics"] > 1.5e9 and later.clock_hertz["sm"] == later.clock_hertz["graphics"]
+    assert (later.energy_joules or 0) - (first.energy_joules or 0) == pytest.approx(5 * 748, rel=0.02)
+    assert later.power_limit_watts == {"enforced": 750.0, "default": 750.0, "min": 0.0, "max": 750.0}
+    assert later.memory_total_bytes == 192 * 2**30
+    assert later.throttle_counter_seconds["sw_power_cap"] == pytest.approx(5.0, abs=0.3)
+    assert later.throttle_active["sw_power_cap"]
+
+
+def test_na_strings_are_left_out_never_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AMD SMI answers "N/A" in dict values; those readings are missing, not 0."""
+    with opened() as (backend, lib, _, _clock):
+        real_activity, real_power = lib.amdsmi_get_gpu_activity, lib.amdsmi_get_power_info
+
+        def activity(handle: object) -> dict[str, Any]:
+            return {**real_activity(handle), "gfx_activity": "N/A", "umc_activity": "N/A"}
+
+        def power(handle: object) -> dict[str, Any]:
+            return {**real_power(handle), "socket_power": "N/A", "current_socket_power": "N/A"}
+
+        monkeypatch.setattr(lib, "amdsmi_get_gpu_activity", activity)
+        monkeypatch.setattr(lib, "amdsmi_get_power_info", power)
+        found = sample(backend)
+    assert found.utilization_ratio is None and found.memory_utilization_ratio is None
+    assert found.power_watts is None  # average_socket_power is "N/A" on an MI300X too
+    assert "edge" not in found.temperature_celsius  # MI300X has no edge sensor: NOT_SUPPORTED
+
+
+def test_not_supported_is_remembered_and_not_asked_again() -> None:
+    with opened() as (backend, lib, node, _clock):
+        node.faults.fail("amdsmi_get_gpu_vram_usage", STATUS["AMDSMI_STATUS_NOT_SUPPORTED"], gpu=0)
+        for _ in range(3):
+            assert sample(backend, 0).memory_total_bytes is None
+        asked = lib.calls["amdsmi_get_gpu_vram_usage"]
+        sample(backend, 0)
+        assert lib.calls["amdsmi_get_gpu_vram_usage"] == asked + 1  # GPU 1 only: GPU 0's answer is remembered
+        assert sample(backend, 1).memory_total_bytes is not None
+
+
+def test_violation_status_is_never_called_in_the_fast_poll() -> None:
+    """It sleeps ~100 ms per call; the residency counters come from gpu_metrics instead."""
+    with opened("busy", gpus=2, latency_scale=1.0) as (backend, lib, _, clock):
+        for step in range(5):
+            clock.t = float(step)
+            backend.poll(slow=step == 0)
+        assert lib.calls["amdsmi_get_violation_status"] == 0
+        assert lib.calls["amdsmi_get_gpu_metrics_info"] == 10
+
+
+def test_a_failing_gpu_is_unreadable_while_the_others_are_read() -> None:
+    with opened(gpus=3) as (backend, _, node, _clock):
+        node.faults.lose_gpu(1)
+        readings = backend.poll(slow=False)
+    assert readings[1].sample is None and "does not answer" in (readings[1].error or "")
+    assert readings[0].sample is not None and readings[2].sample is not None
+
+
+def test_the_library_disappearing_mid_run_makes_the_backend_unavailable() -> None:
+    with opened() as (backend, _, node, _clock):
+        sample(backend)
+        node.faults.set_library_missing(True)  # amdgpu unloaded under the running agent
+        with pytest.raises(BackendUnavailable, match="amdgpu kernel driver is not loaded"):
+            backend.poll(slow=False)
+        # Reopening imports the module again: now the import itself fails, reported, never raised further.
+        with pytest.raises(BackendUnavailable, match="AMD SMI library not found"):
+            load_amdsmi(lambda: import_simulated_amdsmi(node))
+
+
+def test_the_agent_reports_the_library_gone_then_back(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="healthy", vendor="amd")
+    try:
+        sim.run(3.0)
+        assert sim.value("gpuwatch_backend_up", backend="amdsmi") == 1.0
+        sim.node.faults.set_library_missing(True)
+        sim.run(5.0)
+        assert sim.value("gpuwatch_backend_up", backend="amdsmi") == 0.0
+        assert sim.value("gpuwatch_gpu_up", 0) == 0.0  # stale readings are not served
+        assert "AMD SMI library not found" in sim.agent.store.snapshot().backends["amdsmi"][1]
+        sim.node.faults.set_library_missing(False)
+        sim.run(70.0)
+        assert sim.value("gpuwatch_backend_up", backend="amdsmi") == 1.0
+        assert sim.value("gpuwatch_gpu_up", 0) == 1.0
+    finally:
+        sim.close()
+
+
+def test_compute_partitions_do_not_repeat_socket_readings() -> None:
+    with opened("busy", gpus=2, partition="CPX") as (backend, _, _, clock):
+        backend.poll(slow=True)
+        clock.t = 2.0
+        readings = backend.poll(slow=False)
+        resets = backend.reset_uuids()
+    assert len(readings) == 16 and len({r.identity.uuid for r in readings}) == 16
+    assert [r.identity.index for r in readings] == list(range(16))
+    with_power = [r for r in readings if r.sample is not None and r.sample.power_watts is not None]
+    assert [r.identity.index for r in with_power] == [0, 8]  # partition 0 of each socket
+    for r in readings:
+        assert r.sample is not None and r.sample.mig_enabled is True
+        assert r.sample.memory_total_bytes == 192 * 2**30 // 8
+        if r.identity.index not in (0, 8):
+            assert not r.sample.temperature_celsius and not r.sample.ecc_errors_total
+            assert not r.sample.throttle_counter_seconds and r.sample.energy_joules is None
+    assert resets == [readings[0].identity.uuid, readings[8].identity.uuid]
+
+
+def test_reset_events_from_the_event_reader_no_data_is_no_event() -> None:
+    with opened(gpus=2) as (backend, _, node, _clock):
+        assert backend.wait_events(0.0) == []  # NO_DATA (40) from the reader: nothing happened
+        node.faults.emit_reset(1)
+        events = backend.wait_events(0.5)
+        assert [(e.kind, e.uuid, e.source) for e in events] == [("reset", backend.gpus()[1].uuid, "amdsmi")]
+
+
+def test_amd_gpus_are_numbered_after_nvidia_when_both_are_on_the_node(tmp_path: Path) -> None:
+    nvidia = SimulatedNode("healthy", gpus=4, vendor="nvidia")
+    amd = SimulatedNode("healthy", gpus=2, vendor="amd")
+    offset: Callable[[], int] = lambda: nvidia.gpu_count  # noqa: E731 - the PCI count, as build_sources asks it
+    backend = AmdSmiBackend(load_amdsmi(lambda: import_simulated_amdsmi(amd)), index_offset=offset)
+    backend.open()
+    try:
+        assert [g.index for g in backend.gpus()] == [4, 5]
+    finally:
+        backend.close()
+
+
+def _sysfs(root: Path, nvidia: int, amd: int) -> Path:
+    for i in range(nvidia):
+        _device(root, f"0000:{0x18 + i:02x}:00.0", "0x10de", "0x030200")
+    for i in range(amd):
+        _device(root, f"0000:{0x85 + i:02x}:00.0", "0x1002", "0x038000")
+    return root
+
+
+def _device(root: Path, address: str, vendor: str, pci_class: str) -> None:
+    device = root / "bus" / "pci" / "devices" / address
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(f"{vendor}\n")
+    (device / "class").write_text(f"{pci_class}\n")
+
+
+def test_auto_on_a_mixed_node_exports_both_backends(tmp_path: Path) -> None:
+    """Both vendors on the bus, neither library installed here: both are needed, both say why they are down."""
+    config = load_config(None, {"agent": {"backend": "auto", "state_dir": str(tmp_path / "state")}})
+    sources = build_sources(config, sysfs_root=_sysfs(tmp_path / "sys", nvidia=2, amd=2))
+    assert [(s.name, s.vendor) for s in sources.slots] == [("nvml", "nvidia"), ("amdsmi", "amd")]
+    agent = Agent(config, sources)
+    agent.poll_once()
+    backends = agent.store.snapshot().backends
+    assert backends["amdsmi"][0] is False and "AMD SMI" in backends["amdsmi"][1]
+    assert backends["nvml"][0] is False
+    assert agent.store.snapshot().gpus_expected == {"amd": 2, "nvidia": 2}
+
+
+def test_auto_on_an_nvidia_node_has_no_amd_backend(tmp_path: Path) -> None:
+    config = load_config(None, {"agent": {"backend": "auto", "state_dir": str(tmp_path / "state")}})
+    sources = build_sources(config, sysfs_root=_sysfs(tmp_path / "sys", nvidia=2, amd=0))
+    assert [s.name for s in sources.slots] == ["nvml"]
