@@ -1,0 +1,182 @@
+"""Each GPU's own healthy probe throughput, persisted in the state dir (``probe_baselines.json``).
+
+A baseline belongs to a key — dtype, shape, engine and its version, BLAS version, driver version, power limit — and is
+the median of the first 5 steady-state (power-capped) probes under that key: never a maximum (a cold GPU's first
+probe runs ~15 % fast), and never lowered by a degraded run (a probe under 90 % of an established baseline never
+changes it). A new key starts a new baseline. The file is read and written under a lock, so the agent and a
+`gpuwatch probe --update-baseline` never lose each other's change; a corrupt or foreign file is moved aside (see
+statefile.read_json) and rebuilt, never fatal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+BASELINES_FILE = "probe_baselines.json"
+BASELINES_KIND = "probe_baselines"
+PROBES_TO_ESTABLISH = 5
+MAX_SAMPLES = 15
+DEGRADED_BELOW = 0.9  # a probe under this share of the baseline never changes it
+
+# agent: counts while the baseline is being established; none: the CLI without flags, changes nothing;
+# update: counts even after establishment (median of the kept samples); reset: starts over with this probe.
+Mode = Literal["agent", "none", "update", "reset"]
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineKey:
+    dtype: str
+    shape: str
+    engine: str
+    engine_version: str
+    blas_version: str
+    driver_version: str
+    power_limit_watts: float | None
+
+    def changes_from(self, other: BaselineKey) -> str:
+        """What differs, for the log ("driver_version 550.54 -> 580.159")."""
+        mine, theirs = asdict(self), asdict(other)
+        return ", ".join(f"{k} {theirs[k]} -> {mine[k]}" for k in mine if mine[k] != theirs[k])
+
+
+@dataclass(slots=True)
+class Baseline:
+    key: BaselineKey
+    samples: list[float] = field(default_factory=list)
+    flops: float | None = None  # None until PROBES_TO_ESTABLISH steady-state probes were seen
+    established_timestamp: float | None = None
+
+
+class Baselines:
+    """The baselines of every GPU of this node, by UUID; every change is a locked read-modify-write."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / BASELINES_FILE
+        self._lock_path = state_dir / f".{BASELINES_FILE}.lock"
+
+    def load(self) -> dict[str, Baseline]:
+        """Every GPU's baseline; a missing or unusable file gives {} (an unusable one is moved aside and logged)."""
+        with self._locked(shared=True):
+            return self._read()
+
+    def observe(
+        self,
+        uuid: str,
+        key: BaselineKey,
+        flops: float,
+        *,
+        steady: bool,
+        mode: Mode,
+        timestamp: float,
+    ) -> tuple[Baseline | None, str]:
+        """Let one probe result count toward the GPU's baseline as `mode` says; returns the baseline and a note."""
+        with self._locked(shared=mode == "none"):
+            entries = self._read()
+            current = entries.get(uuid)
+            if mode == "none":
+                return current, ""
+            note, changed = "", False
+            if current is None or current.key != key or mode == "reset":
+                changed = True
+                if current is not None and current.key != key:
+                    note = f"baseline re-established: {key.changes_from(current.key)}"
+                elif current is not None:
+                    note = "baseline reset"
+                current = Baseline(key)
+            if not steady:
+                note = note or "not counted toward the baseline: the probe did not reach steady state"
+            elif current.flops is not None and flops < DEGRADED_BELOW * current.flops:
+                note = f"not counted toward the baseline: below {DEGRADED_BELOW:.0%} of it"
+            elif current.flops is None or mode == "update":
+                current.samples = [*current.samples, flops][-MAX_SAMPLES:]
+                changed = True
+                if len(current.samples) >= PROBES_TO_ESTABLISH:
+                    established = current.flops is None
+                    current.flops = statistics.median(current.samples)
+                    if established:
+                        current.established_timestamp = timestamp
+                        note = note or f"baseline established from {len(current.samples)} probes"
+                else:
+                    note = note or f"baseline {len(current.samples)} of {PROBES_TO_ESTABLISH} probes"
+            if changed:
+                entries[uuid] = current
+                self._write(entries)
+            return current, note
+
+    @contextmanager
+    def _locked(self, *, shared: bool) -> Iterator[None]:
+        try:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            try:  # another user's agent owns the state dir: a read-only descriptor still takes a flock
+                fd = os.open(self._lock_path, os.O_RDONLY)
+            except OSError as exc:
+                log.warning("cannot lock %s (%s); reading baselines without the lock", self._lock_path, exc)
+                yield
+                return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self) -> dict[str, Baseline]:
+        data = read_json(self.path, expect_kind=BASELINES_KIND)
+        if data is None:
+            return {}
+        gpus = data.get("gpus")
+        if not isinstance(gpus, dict):
+            log.warning('state file %s has no "gpus" object; rebuilding the probe baselines', self.path)
+            return {}
+        out: dict[str, Baseline] = {}
+        for uuid, entry in gpus.items():
+            parsed = _parse(entry)
+            if parsed is None:
+                log.warning("state file %s: ignoring the malformed baseline of GPU %r; it is rebuilt", self.path, uuid)
+            else:
+                out[uuid] = parsed
+        return out
+
+    def _write(self, entries: dict[str, Baseline]) -> None:
+        doc = {
+            "kind": BASELINES_KIND,
+            "version": STATE_VERSION,
+            "gpus": {uuid: asdict(b) for uuid, b in sorted(entries.items())},
+        }
+        try:
+            atomic_write_json(self.path, doc)
+        except StateDirError as exc:
+            log.warning("%s; the probe baseline is kept for this run only", exc)
+
+
+def _parse(entry: Any) -> Baseline | None:
+    try:
+        key = BaselineKey(**entry["key"])
+        for name in ("dtype", "shape", "engine", "engine_version", "blas_version", "driver_version"):
+            if not isinstance(getattr(key, name), str):
+                return None
+        if key.power_limit_watts is not None and not isinstance(key.power_limit_watts, int | float):
+            return None
+        samples = [float(x) for x in entry.get("samples", [])]
+        flops = entry.get("flops")
+        established = entry.get("established_timestamp")
+        return Baseline(
+            key,
+            samples,
+            None if flops is None else float(flops),
+            None if established is None else float(established),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,184 @@
+"""Probe results as they flow from the runner through the store to the exporter and the status page.
+
+`ProbeBook` is the store's probe compartment (thread-safe, written by the runner); `ProbeView` is its immutable copy
+in a StoreSnapshot; `export_probe` turns a view into `gpuwatch_probe_*` samples for one GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+RESULTS: tuple[str, ...] = ("ok", "skipped_busy", "skipped_unsupported", "failed", "timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResult:
+    """What one worker child measured (its JSON, typed)."""
+
+    engine: str
+    engine_version: str
+    blas_version: str
+    dtype: str
+    shape: str
+    flops_median: float
+    flops_p10: float
+    flops_p90: float
+    spread_ratio: float
+    iterations: int
+    gpu_time_seconds: float
+    power_capped: bool | None
+    h2d_bytes_per_second: float | None
+    d2h_bytes_per_second: float | None
+    copy_kind: str
+    device: str
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> WorkerResult:
+        """Parse a worker's success document; KeyError/TypeError/ValueError when it is malformed."""
+
+        def opt(key: str) -> float | None:
+            value = data.get(key)
+            return None if value is None else float(value)
+
+        capped = data.get("power_capped")
+        if capped is not None and not isinstance(capped, bool):
+            raise TypeError(f"power_capped must be a boolean or null, got {capped!r}")
+        result = WorkerResult(
+            engine=str(data["engine"]),
+            engine_version=str(data["engine_version"]),
+            blas_version=str(data["blas_version"]),
+            dtype=str(data["dtype"]),
+            shape=str(data["shape"]),
+            flops_median=float(data["flops_median"]),
+            flops_p10=float(data["flops_p10"]),
+            flops_p90=float(data["flops_p90"]),
+            spread_ratio=float(data["spread_ratio"]),
+            iterations=int(data["iterations"]),
+            gpu_time_seconds=float(data["gpu_time_seconds"]),
+            power_capped=capped,
+            h2d_bytes_per_second=opt("h2d_bytes_per_second"),
+            d2h_bytes_per_second=opt("d2h_bytes_per_second"),
+            copy_kind=str(data.get("copy_kind", "")),
+            device=str(data.get("device", "")),
+        )
+        if not result.flops_median > 0:
+            raise ValueError(f"flops_median must be positive, got {result.flops_median!r}")
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """What the vendor library showed while the probe ran (from the store's fresh samples); None = no sample."""
+
+    sm_clock_hertz: float | None = None
+    power_watts: float | None = None
+    temperature_celsius: float | None = None  # peak core temperature
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOutcome:
+    """One GPU's probe run: its result class, why, and what it measured when it ran."""
+
+    uuid: str
+    index: int
+    result: str  # one of RESULTS
+    reason: str = ""
+    timestamp: float = 0.0  # unix time the run ended
+    measured: WorkerResult | None = None
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    wall_seconds: float | None = None  # child start to result, including the engine's import
+    baseline_flops: float | None = None  # the GPU's baseline after this run (None: not established)
+    baseline_note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.measured is None or not self.baseline_flops:
+            return None
+        return self.measured.flops_median / self.baseline_flops
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeView:
+    """An immutable copy of the probe state for one scrape."""
+
+    enabled: bool = False
+    interval_seconds: float = 0.0
+    runs: dict[str, dict[str, int]] = field(default_factory=dict)
+    last_ok: dict[str, ProbeOutcome] = field(default_factory=dict)
+    last_any: dict[str, ProbeOutcome] = field(default_factory=dict)
+    baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # uuid -> (dtype, FLOP/s)
+
+
+class ProbeBook:
+    """The store's probe compartment: counters from start-up at 0, the last results, the baselines."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._view = ProbeView()
+
+    def configure(self, *, enabled: bool, interval_seconds: float) -> None:
+        with self._lock:
+            self._view = replace(self._view, enabled=enabled, interval_seconds=interval_seconds)
+
+    def record(self, outcome: ProbeOutcome) -> None:
+        with self._lock:
+            v = self._view
+            runs = {uuid: dict(counts) for uuid, counts in v.runs.items()}
+            counts = runs.setdefault(outcome.uuid, dict.fromkeys(RESULTS, 0))
+            counts[outcome.result] = counts.get(outcome.result, 0) + 1
+            last_ok = dict(v.last_ok)
+            if outcome.result == "ok":
+                last_ok[outcome.uuid] = outcome
+            self._view = replace(v, runs=runs, last_ok=last_ok, last_any={**v.last_any, outcome.uuid: outcome})
+
+    def set_baseline(self, uuid: str, dtype: str, flops: float | None) -> None:
+        with self._lock:
+            baselines = dict(self._view.baselines)
+            if flops is None:
+                baselines.pop(uuid, None)
+            else:
+                baselines[uuid] = (dtype, flops)
+            self._view = replace(self._view, baselines=baselines)
+
+    def view(self) -> ProbeView:
+        with self._lock:
+            return self._view  # every update replaces the view, so handing it out is safe
+
+
+class _Out(Protocol):
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
+
+
+def export_interval(view: ProbeView, out: _Out) -> None:
+    if view.enabled:
+        out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
+
+
+def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
+    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
+    if not view.enabled:
+        return
+    counts = view.runs.get(uuid, {})
+    for result in RESULTS:
+        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+    baseline = view.baselines.get(uuid)
+    if baseline is not None:
+        out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])
+    last = view.last_ok.get(uuid)
+    if last is None or last.measured is None:
+        return
+    m, t = last.measured, last.telemetry
+    out.add("gpuwatch_probe_info", (*gpu, m.engine, m.engine_version, m.blas_version, m.dtype, m.shape), 1)
+    out.add("gpuwatch_probe_flops", (*gpu, m.dtype), m.flops_median)
+    out.add("gpuwatch_probe_spread_ratio", (*gpu, m.dtype), m.spread_ratio)
+    out.add("gpuwatch_probe_h2d_bytes_per_second", gpu, m.h2d_bytes_per_second)
+    out.add("gpuwatch_probe_d2h_bytes_per_second", gpu, m.d2h_bytes_per_second)
+    out.add("gpuwatch_probe_last_success_timestamp_seconds", gpu, last.timestamp)
+    out.add("gpuwatch_probe_duration_seconds", gpu, m.gpu_time_seconds)
+    out.add("gpuwatch_probe_power_capped", gpu, None if m.power_capped is None else m.power_capped)
+    out.add("gpuwatch_probe_sm_clock_hertz", gpu, t.sm_clock_hertz)
+    out.add("gpuwatch_probe_power_watts", gpu, t.power_watts)
+    out.add("gpuwatch_probe_temperature_celsius", gpu, t.temperature_celsius)

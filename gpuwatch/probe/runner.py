@@ -1,0 +1,510 @@
+"""The probe policy: when to probe, on which GPUs, and what to make of what the worker reports.
+
+By default the probe runs only when every GPU of the node is idle (no compute processes, low utilization), then on
+all of them at once (one child each, so peers share thermal state). MIG, exclusive or prohibited compute mode and a
+missing engine are skipped_unsupported; a busy node is skipped_busy; a result is discarded (skipped_busy) when a
+process other than our own children appeared on the GPU while it ran — NVML reports host PIDs, so our children are
+recognised by every PID of their ``/proc/<pid>/status`` NSpid line. Each child runs in its own process group and is
+SIGKILLed with it at the timeout. While the children run, the runner reads the store's fresh samples: it tells a
+worker when its GPU reached the power limit (so warm-up ends at steady state) and keeps the mean SM clock, mean power
+and peak core temperature. A per-GPU lock file keeps a CLI probe and the agent's apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+
+import psutil
+
+from gpuwatch.config import Config, ProbeSection
+from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.probe.baseline import Baseline, BaselineKey, Baselines, Mode
+from gpuwatch.probe.engines import available_engines
+from gpuwatch.probe.locks import try_lock, unlock
+from gpuwatch.probe.results import ProbeOutcome, Telemetry, WorkerResult
+from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
+from gpuwatch.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", "prohibited"})
+WATCH_INTERVAL_SECONDS = 0.05
+CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
+
+
+def worker_argv() -> list[str]:
+    return [sys.executable, "-m", "gpuwatch.probe.worker", "--json"]
+
+
+@dataclass(slots=True)
+class _Child:
+    identity: GpuIdentity
+    proc: subprocess.Popen[bytes]
+    started_wall: float
+    deadline: float
+    own_pids: set[int]
+    power_signal: bool
+    explicit_busy: bool
+    stdout: list[bytes] = field(default_factory=list)
+    stderr: list[bytes] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
+    signalled: bool = False
+    timed_out: bool = False
+    foreign_pids: set[int] = field(default_factory=set)
+    seen: dict[float, GpuSample] = field(default_factory=dict)
+    ended: float | None = None
+
+
+class ProbeRunner:
+    """Runs probes for the agent (scheduled) and for `gpuwatch probe`; results go to the store and the baselines."""
+
+    def __init__(
+        self,
+        settings: ProbeSection,
+        store: SampleStore,
+        state_dir: Path,
+        *,
+        simulated_slowdown: Mapping[int, float] | None = None,
+        worker_command: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.time,
+        progress: Callable[[str], None] | None = None,
+        engines: Callable[[], list[str]] = available_engines,
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._state_dir = state_dir
+        self._simulated = simulated_slowdown
+        self._command = list(worker_command) if worker_command is not None else worker_argv()
+        self._clock = clock
+        self._progress = progress
+        self._engines = engines
+        self.baselines = Baselines(state_dir)
+        self._children: list[_Child] = []
+        self._children_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # --- entry points ----------------------------------------------------------------------------------------
+
+    def run_scheduled(self) -> None:
+        """The agent's job: one round, timed and reported as the `probe` collector."""
+        started = time.monotonic()
+        ok = True
+        try:
+            self.run()
+        except Exception:
+            log.exception("probe round failed unexpectedly")
+            ok = False
+        self._store.record_collector_run("probe", success=ok, duration_seconds=time.monotonic() - started)
+
+    def run(
+        self,
+        *,
+        gpus: Collection[int] | None = None,
+        explicit: bool = False,
+        baseline_mode: Mode = "agent",
+        wait_for_locks: bool = False,
+    ) -> list[ProbeOutcome]:
+        """One probe round; `explicit` (the CLI's --gpu) probes the named GPUs even when busy, marked as such."""
+        snap = self._store.snapshot()
+        baselines = self._refresh_baselines()
+        fresh = sorted(
+            ((snap.identities[u], s) for u in snap.identities if (s := snap.fresh(u)) is not None),
+            key=lambda pair: pair[0].index,
+        )
+        chosen = [(i, s) for i, s in fresh if gpus is None or i.index in gpus]
+        outcomes: list[ProbeOutcome] = []
+        candidates: list[tuple[GpuIdentity, GpuSample]] = []
+        for identity, sample in chosen:
+            why = _unsupported(sample)
+            if why is None and self._simulated is None and not self._engines():
+                why = "no probe engine installed: pip install 'gpuwatch[probe]' (CuPy) or PyTorch beside gpuwatch"
+            if why is not None:
+                outcomes.append(self._outcome(identity, "skipped_unsupported", why))
+            else:
+                candidates.append((identity, sample))
+        busy = {i.uuid: why for i, s in fresh if (why := self._busy(s)) is not None}
+        node_busy = [f"GPU {i.index}: {busy[i.uuid]}" for i, _ in fresh if i.uuid in busy]
+        to_run: list[tuple[GpuIdentity, GpuSample, bool]] = []
+        for identity, sample in candidates:
+            if explicit:
+                to_run.append((identity, sample, identity.uuid in busy))
+            elif identity.uuid in busy:
+                outcomes.append(self._outcome(identity, "skipped_busy", busy[identity.uuid]))
+            elif self.settings.require_idle_node and node_busy:
+                outcomes.append(
+                    self._outcome(identity, "skipped_busy", "the node is busy (" + "; ".join(node_busy) + ")")
+                )
+            else:
+                to_run.append((identity, sample, False))
+        outcomes.extend(self._run_locked(to_run, baselines, baseline_mode, wait_for_locks))
+        for outcome in outcomes:
+            self._store.probe.record(outcome)
+        return sorted(outcomes, key=lambda o: o.index)
+
+    def stop(self) -> None:
+        """Kill every running child (the agent is stopping)."""
+        self._stopping.set()
+        with self._children_lock:
+            for child in self._children:
+                _kill_group(child.proc)
+
+    # --- policy ---------------------------------------------------------------------------------------------
+
+    def _busy(self, sample: GpuSample) -> str | None:
+        if sample.process_pids:
+            return f"{len(sample.process_pids)} compute process(es)"
+        util = sample.utilization_ratio
+        if util is not None and util > self.settings.idle_utilization_ratio:
+            return f"utilization {util:.0%}"
+        return None
+
+    def _refresh_baselines(self) -> dict[str, Baseline]:
+        baselines = self.baselines.load()
+        for uuid, baseline in baselines.items():
+            self._store.probe.set_baseline(uuid, baseline.key.dtype, baseline.flops)
+        return baselines
+
+    def _outcome(self, identity: GpuIdentity, result: str, reason: str = "", **kw: object) -> ProbeOutcome:
+        if result not in ("ok",):
+            log.debug("probe on GPU %d: %s (%s)", identity.index, result, reason)
+        return ProbeOutcome(identity.uuid, identity.index, result, reason, timestamp=self._clock(), **kw)  # type: ignore[arg-type]
+
+    # --- running ----------------------------------------------------------------------------------------------
+
+    def _run_locked(
+        self,
+        to_run: list[tuple[GpuIdentity, GpuSample, bool]],
+        baselines: dict[str, Baseline],
+        mode: Mode,
+        wait: bool,
+    ) -> list[ProbeOutcome]:
+        outcomes: list[ProbeOutcome] = []
+        held: list[int] = []
+        runnable: list[tuple[GpuIdentity, GpuSample, bool]] = []
+        try:
+            for identity, sample, explicit_busy in sorted(to_run, key=lambda t: t[0].uuid):  # UUID order: no deadlock
+                fd = try_lock(self._state_dir, identity.uuid, wait=False)
+                if fd is None and wait:
+                    self._say(f"GPU {identity.index}: waiting for the probe already running on it")
+                    fd = try_lock(self._state_dir, identity.uuid, wait=True)
+                if fd is None:
+                    outcomes.append(self._outcome(identity, "skipped_busy", "another probe holds this GPU's lock"))
+                    continue
+                held.append(fd)
+                runnable.append((identity, sample, explicit_busy))
+            if runnable:
+                outcomes.extend(self._run_children(sorted(runnable, key=lambda t: t[0].index), baselines, mode))
+        finally:
+            for fd in held:
+                unlock(fd)
+        return outcomes
+
+    def _run_children(
+        self,
+        runnable: list[tuple[GpuIdentity, GpuSample, bool]],
+        baselines: dict[str, Baseline],
+        mode: Mode,
+    ) -> list[ProbeOutcome]:
+        self._say("probing GPU " + ", ".join(str(i.index) for i, _, _ in runnable))
+        started = time.monotonic()
+        children = [self._spawn(identity, sample, busy, baselines) for identity, sample, busy in runnable]
+        with self._children_lock:
+            self._children = children
+        try:
+            self._watch(children, started)
+        finally:
+            with self._children_lock:
+                self._children = []
+            for child in children:
+                _kill_group(child.proc)  # nothing of ours outlives the round (grandchildren included)
+        samples_by_uuid = {i.uuid: s for i, s, _ in runnable}
+        return [self._conclude(child, samples_by_uuid[child.identity.uuid], mode) for child in children]
+
+    def _spawn(self, identity: GpuIdentity, sample: GpuSample, busy: bool, baselines: dict[str, Baseline]) -> _Child:
+        s = self.settings
+        argv = [
+            *self._command,
+            "--uuid", identity.uuid,
+            "--vendor", identity.vendor,
+            "--engine", s.engine,
+            "--dtype", s.dtype,
+            "--size", str(s.matrix_size),
+            "--warmup-min", str(s.warmup_min_seconds),
+            "--warmup-max", str(s.warmup_max_seconds),
+            "--measure", str(s.measure_seconds),
+            "--copy-mib", str(s.copy_mib),
+        ]  # fmt: skip
+        power_signal = self._simulated is None and _power_observable(sample)
+        if power_signal:
+            argv.append("--power-signal")
+        if self._simulated is not None:
+            # A simulated GPU computes healthy until its baseline is learned, then shows its scenario's slowdown,
+            # as a real GPU degrades after its baseline was taken.
+            known = baselines.get(identity.uuid)
+            slowdown = self._simulated.get(identity.index, 0.0) if known is not None and known.flops else 0.0
+            argv += [
+                "--simulate",
+                "--slowdown",
+                str(slowdown),
+                "--seed",
+                str(int(self._clock() * 1000) + identity.index),
+            ]
+        env = dict(os.environ)
+        for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+            env.pop(name, None)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["ROCR_VISIBLE_DEVICES" if identity.vendor == "amd" else "CUDA_VISIBLE_DEVICES"] = identity.uuid
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # its own process group: the timeout kills everything it started
+        )
+        child = _Child(
+            identity=identity,
+            proc=proc,
+            started_wall=self._clock(),
+            deadline=time.monotonic() + s.timeout_seconds,
+            own_pids=_pids_of(proc.pid),
+            power_signal=power_signal,
+            explicit_busy=busy,
+        )
+        for stream, sink in ((proc.stdout, child.stdout), (proc.stderr, child.stderr)):
+            reader = threading.Thread(target=_drain, args=(stream, sink), daemon=True, name="probe-output")
+            reader.start()
+            child.readers.append(reader)
+        return child
+
+    def _watch(self, children: list[_Child], started: float) -> None:
+        """Until every child ended: signal power caps, collect telemetry, spot foreign processes, enforce timeouts."""
+        last_said = time.monotonic()
+        last_pid_scan = 0.0
+        while True:
+            now = time.monotonic()
+            running = [c for c in children if c.ended is None]
+            if not running:
+                return
+            if now - last_pid_scan >= 0.5:
+                last_pid_scan = now
+                for child in running:
+                    child.own_pids |= _pids_of(child.proc.pid, recursive=True)
+            own = set().union(*(c.own_pids for c in children))
+            snap = self._store.snapshot()
+            for child in children:
+                self._look(child, snap.fresh(child.identity.uuid), own)
+            for child in running:
+                if child.proc.poll() is not None:
+                    child.ended = now
+                elif now >= child.deadline or self._stopping.is_set():
+                    child.timed_out = not self._stopping.is_set()
+                    _kill_group(child.proc)
+                    child.proc.wait()
+                    child.ended = now
+            if self._progress is not None and now - last_said >= 1.0:
+                last_said = now
+                waiting = ", ".join(str(c.identity.index) for c in children if c.ended is None)
+                if waiting:
+                    self._say(f"  … {now - started:.0f} s (GPU {waiting})")
+            time.sleep(WATCH_INTERVAL_SECONDS)
+
+    def _look(self, child: _Child, sample: GpuSample | None, own: set[int]) -> None:
+        """Take one fresh sample taken while the child ran into account (each sample once)."""
+        if child.ended is not None or sample is None:
+            return
+        if sample.timestamp < child.started_wall or sample.timestamp in child.seen:
+            return
+        child.seen[sample.timestamp] = sample
+        if sample.process_pids and not child.explicit_busy:
+            child.foreign_pids |= set(sample.process_pids) - own
+        if child.power_signal and not child.signalled and child.ended is None and _at_power_cap(sample):
+            child.signalled = True
+            with contextlib.suppress(OSError, ValueError):
+                assert child.proc.stdin is not None
+                child.proc.stdin.write(f"{CAPPED_LINE}\n".encode())
+                child.proc.stdin.flush()
+
+    def _conclude(self, child: _Child, sample: GpuSample, mode: Mode) -> ProbeOutcome:
+        for reader in child.readers:
+            reader.join(timeout=2.0)
+        with contextlib.suppress(OSError):
+            if child.proc.stdin is not None:
+                child.proc.stdin.close()
+        identity = child.identity
+        wall = (child.ended or time.monotonic()) - (child.deadline - self.settings.timeout_seconds)
+        stderr = b"".join(child.stderr).decode(errors="replace").strip()
+        if child.timed_out:
+            return self._outcome(identity, "timeout", f"no result within {self.settings.timeout_seconds:g} s; killed")
+        if self._stopping.is_set():
+            return self._outcome(identity, "failed", "the agent stopped while the probe ran")
+        doc = _last_json(b"".join(child.stdout))
+        code = child.proc.returncode
+        if code == EXIT_NO_ENGINE or (doc is not None and doc.get("error") == "no_engine"):
+            return self._outcome(identity, "skipped_unsupported", str((doc or {}).get("message", "no probe engine")))
+        if code != 0 or doc is None or not doc.get("ok"):
+            why = _failure(code, doc, stderr)
+            log.warning("probe on GPU %d failed: %s", identity.index, why)
+            return self._outcome(identity, "failed", why)
+        try:
+            measured = WorkerResult.from_json(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("probe on GPU %d returned a malformed result: %s", identity.index, exc)
+            return self._outcome(identity, "failed", f"malformed worker result: {exc}")
+        if child.foreign_pids:
+            pids = ", ".join(str(p) for p in sorted(child.foreign_pids))
+            return self._outcome(identity, "skipped_busy", f"result discarded: process {pids} appeared meanwhile")
+        telemetry = _telemetry(list(child.seen.values()))
+        key = BaselineKey(
+            dtype=measured.dtype,
+            shape=measured.shape,
+            engine=measured.engine,
+            engine_version=measured.engine_version,
+            blas_version=measured.blas_version,
+            driver_version=identity.driver_version,
+            power_limit_watts=sample.power_limit_watts.get("enforced"),
+        )
+        steady = measured.power_capped is not False and not child.explicit_busy
+        baseline, note = self.baselines.observe(
+            identity.uuid, key, measured.flops_median, steady=steady, mode=mode, timestamp=self._clock()
+        )
+        flops = baseline.flops if baseline is not None and baseline.key == key else None
+        self._store.probe.set_baseline(identity.uuid, key.dtype, flops)
+        if note:
+            log.info("probe on GPU %d: %s", identity.index, note)
+        if child.explicit_busy:
+            note = "the GPU was busy: not comparable with its baseline" + (f"; {note}" if note else "")
+        return self._outcome(
+            identity,
+            "ok",
+            note,
+            measured=measured,
+            telemetry=telemetry,
+            wall_seconds=wall,
+            baseline_flops=flops,
+            baseline_note=note,
+        )
+
+    def _say(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress(text)
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _unsupported(sample: GpuSample) -> str | None:
+    if sample.mig_enabled:
+        return "MIG mode is enabled"
+    if sample.compute_mode in UNSUPPORTED_COMPUTE_MODES:
+        return f"compute mode is {sample.compute_mode}"
+    return None
+
+
+def _power_observable(sample: GpuSample) -> bool:
+    return "sw_power_cap" in sample.throttle_active or (
+        sample.power_watts is not None and sample.power_limit_watts.get("enforced") is not None
+    )
+
+
+def _at_power_cap(sample: GpuSample) -> bool:
+    if sample.throttle_active.get("sw_power_cap"):
+        return True
+    limit = sample.power_limit_watts.get("enforced")
+    return sample.power_watts is not None and bool(limit) and sample.power_watts >= CAP_POWER_SHARE * float(limit or 0)
+
+
+def _telemetry(samples: list[GpuSample]) -> Telemetry:
+    sm = [s.clock_hertz["sm"] for s in samples if s.clock_hertz.get("sm") is not None]
+    power = [s.power_watts for s in samples if s.power_watts is not None]
+    temps = [s.temperature_celsius["core"] for s in samples if s.temperature_celsius.get("core") is not None]
+    return Telemetry(
+        sm_clock_hertz=fmean(sm) if sm else None,
+        power_watts=fmean(power) if power else None,
+        temperature_celsius=max(temps) if temps else None,
+        samples=len(samples),
+    )
+
+
+def _pids_of(pid: int, *, recursive: bool = False) -> set[int]:
+    """The PIDs a process has in every PID namespace (NSpid), plus its descendants' when asked."""
+    pids = {pid, *_nspids(pid)}
+    if recursive:
+        with contextlib.suppress(psutil.Error):
+            for descendant in psutil.Process(pid).children(recursive=True):
+                pids |= {descendant.pid, *_nspids(descendant.pid)}
+    return pids
+
+
+def _nspids(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return {int(x) for x in line.split()[1:] if x.isdigit()}
+    except OSError:
+        pass
+    return set()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _drain(stream: object, sink: list[bytes]) -> None:
+    read = getattr(stream, "read", None)
+    if read is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := read(65536):
+            sink.append(chunk)
+            if sum(len(c) for c in sink) > 4 * 2**20:  # a runaway child: keep the tail that matters
+                del sink[:-4]
+
+
+def _last_json(out: bytes) -> dict[str, object] | None:
+    for line in reversed(out.decode(errors="replace").strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+def _failure(code: int | None, doc: dict[str, object] | None, stderr: str) -> str:
+    if doc is not None and doc.get("message"):
+        return str(doc["message"])
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"the worker died of {signal.Signals(-code).name}" + (f": {stderr[-300:]}" if stderr else "")
+    tail = stderr[-300:] if stderr else "no output"
+    return f"the worker exited with status {code} without a result: {tail}"
+
+
+def agent_probe_runner(
+    config: Config,
+    store: SampleStore,
+    simulated_slowdown: Mapping[int, float] | None,
+    clock: Callable[[], float] = time.time,
+) -> ProbeRunner | None:
+    """The agent's runner, or None when the probe is off (interval 0 or --disable-collector probe)."""
+    enabled = config.probe.interval_seconds > 0 and "probe" not in config.agent.disable_collectors
+    store.probe.configure(enabled=enabled, interval_seconds=config.probe.interval_seconds)
+    if not enabled:
+        return None
+    return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)

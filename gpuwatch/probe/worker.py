@@ -1,0 +1,205 @@
+"""The probe child process: ``python -m gpuwatch.probe.worker --json ...`` prints one JSON document and exits.
+
+The runner starts one per GPU, pinned to it by UUID (``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``), so the
+agent never holds a CUDA context or imports an array library. The worker warms the GPU up until the runner says, on
+stdin, that the power limit is reached (it watches the vendor library; ``--power-signal``) or a bounded time passes,
+then times each matmul over a measured window, then times pinned host<->device copies.
+
+Exit status: 0 with a result; 3 when the probe cannot run here (no engine: ``{"ok": false, "error": "no_engine"}``,
+which the runner counts as skipped_unsupported, never failed); 1 on any other failure (``"error": "failed"``).
+``--simulate`` produces a realistic H100 result without an engine, for ``--backend simulated`` and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NO_ENGINE = 3
+CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
+
+# The simulated H100 SXM: bf16 8192³ at its 700 W cap (../shared/fixtures/h100/probe-measurements.json).
+SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
+SIM_H2D, SIM_D2H = 53.5e9, 52.6e9  # pinned copies over PCIe gen 5 x16
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpuwatch.probe.worker", description=__doc__)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the only output format)")
+    p.add_argument("--uuid", default="", help="the GPU's UUID (for the record; pinning is by the environment)")
+    p.add_argument("--vendor", choices=("nvidia", "amd"), default="nvidia")
+    p.add_argument("--engine", choices=("auto", "cupy", "torch"), default="auto")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: run on the CPU (tests, CI)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--size", type=int, default=8192, help="n of the n×n×n matmul")
+    p.add_argument("--warmup-min", type=float, default=1.0, help="warm up at least this long (s)")
+    p.add_argument("--warmup-max", type=float, default=3.0, help="give up waiting for the power limit after (s)")
+    p.add_argument("--measure", type=float, default=1.0, help="measured window (s)")
+    p.add_argument("--copy-mib", type=int, default=256, help="size of each host<->device copy (MiB); 0 = none")
+    p.add_argument("--power-signal", action="store_true", help=f"the runner writes {CAPPED_LINE!r} on stdin")
+    p.add_argument("--simulate", action="store_true", help="no engine: a simulated H100 result")
+    p.add_argument("--slowdown", type=float, default=0.0, help="(simulate) share of throughput lost")
+    p.add_argument("--seed", type=int, default=0, help="(simulate) noise seed")
+    p.add_argument("--simulate-seconds", type=float, default=0.2, help="(simulate) how long the GPU work takes")
+    p.add_argument("--simulate-fault", choices=("none", "crash", "hang", "garbage"), default="none")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Libraries print to stdout at times; keep it for our one JSON document and send everything else to stderr.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        doc = simulate(args) if args.simulate else measure(args)
+        code = EXIT_OK
+    except _NoEngine as exc:
+        doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, EXIT_NO_ENGINE
+    except Exception as exc:
+        doc, code = {"ok": False, "error": "failed", "message": f"{type(exc).__name__}: {exc}"}, EXIT_FAILED
+    os.write(out_fd, (json.dumps(doc) + "\n").encode())
+    os.close(out_fd)
+    return code
+
+
+class _NoEngine(Exception):
+    pass
+
+
+class _CapSignal:
+    """Whether the runner said the power limit is reached (a line on stdin), read without blocking."""
+
+    def __init__(self, watching: bool) -> None:
+        self.watching = watching
+        self.capped = False
+
+    def poll(self) -> bool:
+        if self.watching and not self.capped:
+            try:
+                ready, _, _ = select.select([sys.stdin], [], [], 0)
+            except (OSError, ValueError):
+                ready = []
+            if ready and sys.stdin.readline().strip() == CAPPED_LINE:
+                self.capped = True
+        return self.capped
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, time each matmul over the window, time the copies; one result document."""
+    started = time.perf_counter()
+    from gpuwatch.probe import engines
+
+    try:
+        engine = engines.load_engine(args.engine, args.vendor, args.device)
+    except engines.NoEngine as exc:
+        raise _NoEngine(str(exc)) from None
+    n = args.size
+    engine.prepare(n, args.dtype)
+    ready = time.perf_counter()
+
+    signal = _CapSignal(args.power_signal)
+    batch, warm_started = 1, time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        engine.run(batch)
+        engine.synchronize()
+        per_iteration = max((time.perf_counter() - t0) / batch, 1e-6)
+        batch = max(1, min(512, int(engines.ITERATION_BATCH_SECONDS / per_iteration)))
+        warmed = time.perf_counter() - warm_started
+        if warmed >= args.warmup_max or (warmed >= args.warmup_min and (signal.poll() or not signal.watching)):
+            break
+    warmup_seconds = time.perf_counter() - warm_started
+    power_capped = signal.poll() if signal.watching else None
+
+    times = engine.timed(args.measure, batch)
+    flop = 2.0 * n**3
+    rates = sorted(flop / t for t in times if t > 0)
+    if not rates:
+        raise RuntimeError("no timed iteration took measurable time")
+    median, p10, p90 = _quantile(rates, 0.5), _quantile(rates, 0.1), _quantile(rates, 0.9)
+    copies = engine.copies(args.copy_mib * 2**20) if args.copy_mib > 0 else {"copy_kind": "none"}
+    return {
+        "ok": True,
+        "uuid": args.uuid,
+        "engine": engine.name,
+        "engine_version": engine.version,
+        "blas_version": engine.blas_version,
+        "device": engine.device,
+        "dtype": args.dtype,
+        "shape": f"{n}x{n}x{n}",
+        "flops_median": median,
+        "flops_p10": p10,
+        "flops_p90": p90,
+        "spread_ratio": (p90 - p10) / median,
+        "iterations": len(rates),
+        "gpu_time_seconds": sum(times),
+        "warmup_seconds": warmup_seconds,
+        "power_capped": power_capped,
+        "startup_seconds": ready - started,
+        "wall_seconds": time.perf_counter() - started,
+        **copies,
+    }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an ascending list."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def simulate(args: argparse.Namespace) -> dict[str, Any]:
+    """A healthy H100 at its power cap, slowed by `--slowdown`, with the noise a real probe shows (CV ~0.2 %)."""
+    if args.simulate_fault == "crash":
+        os.abort()
+    if args.simulate_fault == "hang":
+        while True:
+            time.sleep(60)
+    if args.simulate_fault == "garbage":
+        return {"ok": True, "flops_median": "fast"}
+    from gpuwatch import __version__
+
+    rng = random.Random(args.seed)
+    time.sleep(max(0.0, args.simulate_seconds))
+    median = SIM_FLOPS[args.dtype] * (1.0 - args.slowdown) * (1.0 + rng.gauss(0.0, 0.002))
+    p10 = median * (1.0 - 0.045 - abs(rng.gauss(0.0, 0.01)))
+    p90 = median * (1.0 + 0.035 + abs(rng.gauss(0.0, 0.01)))
+    n = args.size
+    return {
+        "ok": True,
+        "uuid": args.uuid,
+        "engine": "simulated",
+        "engine_version": __version__,
+        "blas_version": "simulated",
+        "device": "simulated",
+        "dtype": args.dtype,
+        "shape": f"{n}x{n}x{n}",
+        "flops_median": median,
+        "flops_p10": p10,
+        "flops_p90": p90,
+        "spread_ratio": (p90 - p10) / median,
+        "iterations": 650,
+        "gpu_time_seconds": args.measure,
+        "warmup_seconds": args.warmup_min,
+        "power_capped": True,
+        "startup_seconds": 0.0,
+        "wall_seconds": args.simulate_seconds,
+        "copy_kind": "simulated",
+        "copy_bytes": args.copy_mib * 2**20,
+        "h2d_bytes_per_second": SIM_H2D * (1.0 + rng.gauss(0.0, 0.003)),
+        "d2h_bytes_per_second": SIM_D2H * (1.0 + rng.gauss(0.0, 0.003)),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Probe baselines: median of the first steady-state probes, never lowered by a degraded run, re-established on a
+key change, persisted across restarts, and rebuilt (never fatal) from a corrupt file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from gpuwatch.probe.baseline import BASELINES_FILE, BaselineKey, Baselines
+
+KEY = BaselineKey("bf16", "8192x8192x8192", "torch", "2.11.0", "cublas 12.9.1.4", "580.159.04", 700.0)
+UUID = "GPU-0"
+
+
+def feed(b: Baselines, values: list[float], *, key: BaselineKey = KEY, mode: str = "agent", steady: bool = True):  # type: ignore[no-untyped-def]
+    result = None
+    for v in values:
+        result, _ = b.observe(UUID, key, v, steady=steady, mode=mode, timestamp=1.0)  # type: ignore[arg-type]
+    return result
+
+
+def test_the_baseline_is_the_median_of_the_first_five_steady_probes_not_the_max(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    assert feed(b, [808e12, 690e12, 688e12, 689e12]).flops is None  # not yet: 4 of 5
+    baseline = feed(b, [687e12])
+    assert baseline.flops == 689e12  # the cold GPU's fast first probe never sets it
+    assert feed(b, [720e12]).flops == 689e12  # established: later agent probes leave it alone
+
+
+def test_probes_that_missed_steady_state_never_count(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    assert feed(b, [700e12] * 9, steady=False) is not None
+    assert b.load()[UUID].samples == []
+
+
+def test_a_degraded_run_never_lowers_the_baseline_even_when_asked(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    feed(b, [690e12] * 5)
+    baseline, note = b.observe(UUID, KEY, 550e12, steady=True, mode="update", timestamp=2.0)
+    assert baseline is not None and baseline.flops == 690e12 and "below 90%" in note
+    assert feed(b, [700e12], mode="update").flops == 690e12  # median of 690 ×5 and 700
+    assert feed(b, [550e12], mode="reset").flops is None  # an explicit reset starts over, with this probe
+    assert b.load()[UUID].samples == [550e12]
+
+
+def test_the_cli_without_flags_changes_nothing(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    feed(b, [690e12] * 3)
+    feed(b, [100e12, 900e12], mode="none")
+    assert b.load()[UUID].samples == [690e12] * 3
+
+
+def test_a_changed_key_re_establishes_the_baseline(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    feed(b, [690e12] * 5)
+    for change in ({"driver_version": "590.10"}, {"power_limit_watts": 500.0}, {"blas_version": "cublas 13.0"}):
+        new_key = dataclasses.replace(KEY, **change)  # type: ignore[arg-type]
+        baseline, note = b.observe(UUID, new_key, 600e12, steady=True, mode="agent", timestamp=3.0)
+        assert baseline is not None and baseline.flops is None and baseline.samples == [600e12]
+        assert "re-established" in note and next(iter(change)) in note
+        feed(b, [690e12] * 5)  # back to the original key: learnt again
+
+
+def test_baselines_survive_a_restart(tmp_path: Path) -> None:
+    feed(Baselines(tmp_path), [690e12] * 5)
+    again = Baselines(tmp_path).load()[UUID]
+    assert again.flops == 690e12 and again.key == KEY and again.established_timestamp == 1.0
+
+
+def test_a_corrupt_file_is_moved_aside_and_rebuilt(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / BASELINES_FILE).write_text("{not json")
+    b = Baselines(tmp_path)
+    assert b.load() == {}
+    assert "moved it to" in caplog.text
+    assert list(tmp_path.glob(f"{BASELINES_FILE}.corrupt-*"))
+    feed(b, [690e12] * 5)
+    assert json.loads((tmp_path / BASELINES_FILE).read_text())["gpus"][UUID]["flops"] == 690e12
+
+
+def test_a_foreign_file_and_a_malformed_entry_are_reported_not_fatal(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / BASELINES_FILE).write_text(json.dumps({"kind": "known_gpus", "version": 1, "gpus": {}}))
+    assert Baselines(tmp_path).load() == {}
+    doc = {"kind": "probe_baselines", "version": 1, "gpus": {"GPU-x": {"key": {"dtype": 1}}, UUID: "nonsense"}}
+    (tmp_path / BASELINES_FILE).write_text(json.dumps(doc))
+    assert Baselines(tmp_path).load() == {}
+    assert "malformed baseline" in caplog.text

@@ -1,0 +1,253 @@
+"""The probe runner with real child processes: timeouts, crashes, busy GPUs, locks, and the simulated scenarios
+driving the exported metrics through the real agent."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from simnode import SimAgent
+
+from gpuwatch.config import ProbeSection
+from gpuwatch.probe.locks import try_lock, unlock
+from gpuwatch.probe.results import RESULTS
+from gpuwatch.probe.runner import ProbeRunner, _pids_of
+
+QUICK = ProbeSection(
+    interval_seconds=60.0, timeout_seconds=30.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
+)
+
+
+def runner(sim: SimAgent, tmp_path: Path, settings: ProbeSection = QUICK, **kw: object) -> ProbeRunner:
+    """A runner over the SimAgent's store; simulated worker unless a worker_command is given."""
+    kw.setdefault("simulated_slowdown", sim.node.probe_slowdown)
+    return ProbeRunner(settings, sim.agent.store, tmp_path, clock=sim.clock.wall, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sim(tmp_path: Path):  # type: ignore[no-untyped-def]
+    agent = SimAgent(tmp_path, scenario="healthy", gpus=2, probe={"interval_seconds": 60.0})
+    agent.run(2.0)
+    yield agent
+    agent.close()
+
+
+def test_every_result_is_exported_at_zero_from_start_up(sim: SimAgent) -> None:
+    for gpu in (0, 1):
+        for result in RESULTS:
+            assert sim.value("gpuwatch_probe_runs_total", gpu, result=result) == 0.0
+    assert sim.value("gpuwatch_probe_interval_seconds") == 60.0
+    assert sim.value("gpuwatch_collector_interval_seconds", collector="probe") == 60.0
+    assert sim.value("gpuwatch_probe_flops", 0, dtype="bf16") is None  # nothing measured yet
+
+
+def test_a_probe_off_exports_no_probe_series(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=1, probe={"interval_seconds": 0.0})
+    try:
+        sim.run(2.0)
+        assert sim.agent.probe is None
+        assert "gpuwatch_probe_" not in sim.text()
+    finally:
+        sim.close()
+
+
+def test_a_hanging_worker_is_killed_with_its_process_group_at_the_timeout(sim: SimAgent, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    script = tmp_path / "hang.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+        time.sleep(300)
+        """)
+    )
+    settings = dataclasses.replace(QUICK, timeout_seconds=2.0)
+    outcomes = runner(sim, tmp_path, settings, worker_command=[sys.executable, str(script)]).run(gpus={0})
+    assert [o.result for o in outcomes] == ["timeout"]
+    grandchild = int(pidfile.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    sim._scraped = None
+    assert sim.value("gpuwatch_probe_runs_total", 0, result="timeout") == 1.0
+
+
+def test_a_crashing_worker_is_failed_with_the_reason(sim: SimAgent, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-fault", "crash"]
+    outcomes = runner(sim, tmp_path, worker_command=command).run(gpus={0})
+    assert outcomes[0].result == "failed" and "SIGABRT" in outcomes[0].reason
+
+
+def test_a_worker_with_a_malformed_result_is_failed(sim: SimAgent, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-fault", "garbage"]
+    outcomes = runner(sim, tmp_path, worker_command=command).run(gpus={0})
+    assert outcomes[0].result == "failed" and "malformed" in outcomes[0].reason
+
+
+def test_no_engine_is_skipped_unsupported_never_failed(sim: SimAgent, tmp_path: Path) -> None:
+    # The agent's cheap look (nothing importable) ...
+    outcomes = runner(sim, tmp_path, simulated_slowdown=None, engines=lambda: []).run()
+    assert {o.result for o in outcomes} == {"skipped_unsupported"}
+    assert "pip install" in outcomes[0].reason
+    # ... and the worker's own answer when the engine it was told to use is missing.
+    engine = dataclasses.replace(QUICK, engine="cupy")
+    outcomes = runner(sim, tmp_path, engine, simulated_slowdown=None, engines=lambda: ["cupy"]).run(gpus={0})
+    assert outcomes[0].result == "skipped_unsupported", outcomes[0].reason
+
+
+def test_mig_and_exclusive_compute_mode_are_skipped_unsupported(sim: SimAgent, tmp_path: Path) -> None:
+    snap = sim.agent.store.snapshot()
+    readings = []
+    for uuid, sample in snap.samples.items():
+        identity = snap.identities[uuid]
+        changed = {"mig_enabled": True} if identity.index == 0 else {"compute_mode": "exclusive_process"}
+        readings.append(type(_reading(identity, sample))(identity, dataclasses.replace(sample, **changed)))
+    sim.agent.store.record_poll(readings)
+    outcomes = runner(sim, tmp_path).run()
+    assert [(o.result, o.reason) for o in outcomes] == [
+        ("skipped_unsupported", "MIG mode is enabled"),
+        ("skipped_unsupported", "compute mode is exclusive_process"),
+    ]
+
+
+def _reading(identity, sample):  # type: ignore[no-untyped-def]
+    from gpuwatch.model import GpuReading
+
+    return GpuReading(identity, sample)
+
+
+def test_a_busy_node_is_skipped_and_counted(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="busy", gpus=2, probe={"interval_seconds": 60.0})
+    try:
+        sim.run(2.0)
+        sim.probe_round()
+        for gpu in (0, 1):
+            assert sim.value("gpuwatch_probe_runs_total", gpu, result="skipped_busy") == 1.0
+            assert sim.value("gpuwatch_probe_runs_total", gpu, result="ok") == 0.0
+        assert sim.value("gpuwatch_collector_success", collector="probe") == 1.0
+    finally:
+        sim.close()
+
+
+def test_one_busy_gpu_keeps_the_whole_node_from_being_probed(sim: SimAgent, tmp_path: Path) -> None:
+    snap = sim.agent.store.snapshot()
+    busy = [
+        _reading(snap.identities[u], dataclasses.replace(s, process_pids=(4242,)))
+        for u, s in snap.samples.items()
+        if snap.identities[u].index == 1
+    ]
+    sim.agent.store.record_poll(busy)
+    outcomes = runner(sim, tmp_path).run()
+    assert [o.result for o in outcomes] == ["skipped_busy", "skipped_busy"]
+    assert "GPU 1" in outcomes[0].reason
+    relaxed = dataclasses.replace(QUICK, require_idle_node=False)
+    assert [o.result for o in runner(sim, tmp_path, relaxed).run()] == ["ok", "skipped_busy"]
+
+
+def test_a_result_is_discarded_when_a_process_appears_meanwhile(sim: SimAgent, tmp_path: Path) -> None:
+    slow = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-seconds", "3"]
+    probe = runner(sim, tmp_path, worker_command=slow)
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(probe.run(gpus={0})))
+    thread.start()
+    snap = sim.agent.store.snapshot()
+    uuid = next(u for u in snap.identities if snap.identities[u].index == 0)
+    deadline = time.monotonic() + 10
+    while not probe._children and time.monotonic() < deadline:  # the child is running
+        time.sleep(0.01)
+    sample = snap.samples[uuid]
+    later = dataclasses.replace(sample, timestamp=sample.timestamp + 0.5, process_pids=(987654,))
+    sim.agent.store.record_poll([_reading(snap.identities[uuid], later)])
+    thread.join(30)
+    (outcome,) = done[0]  # type: ignore[misc]
+    assert outcome.result == "skipped_busy" and "987654" in outcome.reason
+
+
+def test_our_own_children_are_recognised_by_every_pid_of_their_namespaces() -> None:
+    pids = _pids_of(os.getpid(), recursive=True)
+    assert os.getpid() in pids
+    nspid = Path(f"/proc/{os.getpid()}/status").read_text().split("NSpid:")[1].splitlines()[0].split()
+    assert {int(p) for p in nspid} <= pids
+
+
+def test_an_agent_probe_skips_a_gpu_whose_lock_is_held(sim: SimAgent, tmp_path: Path) -> None:
+    uuid0 = next(i.uuid for i in sim.agent.store.identities().values() if i.index == 0)
+    fd = try_lock(tmp_path, uuid0, wait=False)
+    assert fd is not None
+    try:
+        relaxed = dataclasses.replace(QUICK, require_idle_node=False)
+        outcomes = runner(sim, tmp_path, relaxed).run()
+        assert [o.result for o in outcomes] == ["skipped_busy", "ok"]
+        assert "lock" in outcomes[0].reason
+    finally:
+        unlock(fd)
+
+
+def test_a_cli_probe_waits_for_the_running_probe_and_never_overlaps(sim: SimAgent, tmp_path: Path) -> None:
+    uuid0 = next(i.uuid for i in sim.agent.store.identities().values() if i.index == 0)
+    fd = try_lock(tmp_path, uuid0, wait=False)
+    assert fd is not None
+    said: list[str] = []
+    cli = runner(sim, tmp_path, progress=said.append)
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(cli.run(gpus={0}, explicit=True, wait_for_locks=True)))
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive() and not done, "the CLI probe ran while another probe held the GPU"
+    assert any("waiting" in s for s in said)
+    unlock(fd)
+    thread.join(30)
+    assert [o.result for o in done[0]] == ["ok"]  # type: ignore[attr-defined]
+
+
+def test_two_runners_at_once_never_run_a_gpu_twice(sim: SimAgent, tmp_path: Path) -> None:
+    """Whichever takes the lock first runs; the other either waited (CLI) or skipped (agent) — never both at once."""
+    log = tmp_path / "spans.log"
+    script = tmp_path / "span.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import json, sys, time
+        start = time.time(); time.sleep(0.5)
+        open({str(log)!r}, "a").write(f"{{start}} {{time.time()}}\\n")
+        sys.exit(3)
+        """)
+    )
+    a = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    b = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    threads = [threading.Thread(target=lambda r=r: r.run(gpus={0}, explicit=True, wait_for_locks=True)) for r in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    spans = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    assert len(spans) == 2
+    assert spans[0][1] <= spans[1][0], f"two probes overlapped on one GPU: {spans}"
+
+
+@pytest.mark.parametrize(("scenario", "slow_gpu"), [("underperforming", 2), ("mixed", 6)])
+def test_probe_scenarios_show_the_slow_gpu_within_a_few_probe_intervals(
+    tmp_path: Path, scenario: str, slow_gpu: int
+) -> None:
+    sim = SimAgent(tmp_path, scenario=scenario, probe={"interval_seconds": 10.0})
+    try:
+        sim.run(2.0)
+        for _ in range(6):  # 5 healthy probes learn the baselines, then the fault shows
+            sim.probe_round()
+            sim.run(10.0)
+        for gpu in range(8):
+            flops = sim.value("gpuwatch_probe_flops", gpu, dtype="bf16")
+            baseline = sim.value("gpuwatch_probe_baseline_flops", gpu, dtype="bf16")
+            assert flops is not None and baseline is not None
+            assert 650e12 < baseline < 730e12  # the median of healthy H100 probes at the power cap
+            ratio = flops / baseline
+            assert (ratio < 0.85) == (gpu == slow_gpu), (gpu, ratio)
+            assert sim.value("gpuwatch_probe_runs_total", gpu, result="ok") == 6.0
+            assert sim.value("gpuwatch_probe_power_capped", gpu) == 1.0
+    finally:
+        sim.close()

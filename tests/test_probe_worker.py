@@ -1,0 +1,77 @@
+"""The real probe worker in a child process: on the CPU with PyTorch's CPU build (CI), and its error contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuwatch.probe.engines import available_engines
+
+WORKER = [sys.executable, "-m", "gpuwatch.probe.worker", "--json"]
+TINY = ["--size", "64", "--warmup-min", "0.02", "--warmup-max", "0.05", "--measure", "0.05", "--copy-mib", "1"]
+
+
+def run(*args: str, stdin: str = "") -> tuple[int, dict]:  # type: ignore[type-arg]
+    proc = subprocess.run([*WORKER, *args], input=stdin, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"one JSON line on stdout, got {proc.stdout!r} (stderr {proc.stderr[-500:]!r})"
+    return proc.returncode, json.loads(lines[0])
+
+
+@pytest.fixture
+def torch_installed() -> None:
+    if "torch" not in available_engines():
+        if os.environ.get("CI"):
+            raise RuntimeError("torch is missing: scripts/test.sh installs torch==2.13.0 (CPU build)")
+        pytest.skip("torch not installed (pip install torch==2.13.0)")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_real_worker_measures_a_matmul_on_the_cpu(torch_installed: None, dtype: str) -> None:
+    code, doc = run("--device", "cpu", "--engine", "torch", "--dtype", dtype, *TINY)
+    assert code == 0 and doc["ok"], doc
+    assert doc["engine"] == "torch" and doc["device"] == "cpu" and doc["dtype"] == dtype
+    assert doc["engine_version"].startswith("2.") and doc["blas_version"].startswith("cpu ")
+    assert doc["shape"] == "64x64x64"
+    assert doc["iterations"] >= 1 and doc["gpu_time_seconds"] > 0
+    assert 0 < doc["flops_p10"] <= doc["flops_median"] <= doc["flops_p90"]
+    assert doc["spread_ratio"] == pytest.approx((doc["flops_p90"] - doc["flops_p10"]) / doc["flops_median"])
+    assert doc["power_capped"] is None  # no power signal on the CPU
+    # No device, no link: the copy is a host memcpy, labelled as such, never passed off as PCIe bandwidth.
+    assert doc["h2d_bytes_per_second"] is None and doc["d2h_bytes_per_second"] is None
+    assert "host-memcpy" in doc["copy_kind"] and doc["host_memcpy_bytes_per_second"] > 0
+
+
+def test_the_worker_ends_warm_up_when_told_the_power_limit_is_reached(torch_installed: None) -> None:
+    args = ["--device", "cpu", "--size", "32", "--warmup-min", "0", "--warmup-max", "60", "--measure", "0.02"]
+    code, doc = run(*args, "--copy-mib", "0", "--power-signal", stdin="capped\n")
+    assert code == 0 and doc["power_capped"] is True and doc["warmup_seconds"] < 60
+
+
+def test_a_cpu_only_torch_on_a_gpu_node_is_no_engine_not_a_cpu_measurement(torch_installed: None) -> None:
+    env_has_gpu = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    ).stdout.strip()
+    if env_has_gpu == "True":
+        pytest.skip("this machine has a GPU")
+    code, doc = run("--engine", "torch", *TINY)
+    assert code == 3 and doc == {"ok": False, "error": "no_engine", "message": doc["message"]}
+    assert "sees no GPU" in doc["message"]
+
+
+def test_a_missing_engine_is_a_clear_no_engine_error() -> None:
+    if "cupy" in available_engines():
+        pytest.skip("CuPy is installed here")
+    code, doc = run("--engine", "cupy", *TINY)
+    assert code == 3 and doc["error"] == "no_engine" and "cupy" in doc["message"]
+
+
+def test_the_simulated_worker_is_a_realistic_h100_slowed_by_the_scenario() -> None:
+    code, healthy = run("--simulate", "--seed", "1", "--simulate-seconds", "0")
+    assert code == 0 and 680e12 < healthy["flops_median"] < 700e12 and healthy["power_capped"] is True
+    code, slow = run("--simulate", "--seed", "1", "--simulate-seconds", "0", "--slowdown", "0.2")
+    assert slow["flops_median"] == pytest.approx(0.8 * healthy["flops_median"])
