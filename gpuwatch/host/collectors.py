@@ -1,0 +1,163 @@
+"""The host collectors `hwmon` and `ipmi`: which readers the node gets, their schedules, and their runs.
+
+Each runs as its own scheduler job, never on the scrape path: hwmon every few seconds (cheap sysfs reads, but the
+drivers refresh their registers only every 1-2 s, so polling faster reads the same values), the BMC every minute
+(`ipmitool sensor` can take seconds on a busy BMC). A machine without hwmon or a BMC (VMs, cloud nodes) gets a
+successful run with no series; only `host.ipmi = "on"` makes a missing BMC an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpuwatch.host.hwmon import HwmonReader
+from gpuwatch.host.ipmi import IpmiError, IpmiReader
+from gpuwatch.host.sensormap import load_sensor_maps
+from gpuwatch.model import HostSample
+
+if TYPE_CHECKING:
+    from gpuwatch.config import Config
+    from gpuwatch.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+PSU_STATE_FILE = "host_psus.json"
+
+
+class HostReader(Protocol):
+    source: str
+
+    def read(self) -> HostSample: ...
+
+
+@dataclass(slots=True)
+class HostSource:
+    """One host collector: its reader, how often it runs, and whether it is there at all on this machine."""
+
+    name: str  # hwmon, ipmi: the collector label and the --disable-collector name
+    reader: HostReader
+    interval_seconds: float
+    usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)
+    required: bool = False  # a run where the source is not usable is a failure, not an empty success
+    last_run: float = -math.inf
+    reported: str = field(default="")
+
+
+def hwmon_usable(reader: HwmonReader) -> Callable[[], tuple[bool, str]]:
+    def usable() -> tuple[bool, str]:
+        chips = reader.chips()
+        if not chips:
+            return False, f"no hwmon chips under {reader.hwmon_dir} (usual in VMs and cloud instances)"
+        return True, ", ".join(c.label + (" (unmapped Super-I/O)" if _unmapped(reader, c) else "") for c in chips)
+
+    return usable
+
+
+def _unmapped(reader: HwmonReader, chip: Any) -> bool:
+    from gpuwatch.host.sensormap import has_mapping
+
+    return bool(chip.super_io) and not has_mapping(reader.maps, chip.label, reader.board_name())
+
+
+def build_host_sources(config: Config, *, clock: Callable[[], float] = time.time) -> list[HostSource]:
+    """The host collectors of a real node, from the [host] section; disabled collectors are left out."""
+    host = config.host
+    disabled = config.agent.disable_collectors
+    sources: list[HostSource] = []
+    if "hwmon" not in disabled:
+        reader = HwmonReader(Path(host.sysfs_root), load_sensor_maps(host.sensor_maps), clock=clock)
+        sources.append(HostSource("hwmon", reader, host.hwmon_interval_seconds, hwmon_usable(reader)))
+    if "ipmi" not in disabled and host.ipmi != "off":
+        ipmi = IpmiReader(
+            ipmitool=host.ipmitool,
+            device=Path(host.ipmi_device),
+            timeout_s=host.ipmi_timeout_seconds,
+            state_path=config.state_dir / PSU_STATE_FILE,
+            clock=clock,
+        )
+        sources.append(HostSource("ipmi", ipmi, host.ipmi_interval_seconds, ipmi.usable, required=host.ipmi == "on"))
+    return sources
+
+
+class HostCollectors:
+    """Runs the host sources into the store, each timed and isolated like the GPU backends."""
+
+    def __init__(
+        self,
+        sources: Sequence[HostSource],
+        store: SampleStore,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sources = list(sources)
+        self._store = store
+        self._monotonic = monotonic
+        self._clock = clock
+
+    def register(self) -> None:
+        for source in self.sources:
+            self._store.register_collector(source.name, source.interval_seconds)
+
+    def add_jobs(self, scheduler: Any) -> None:
+        """One APScheduler job per source (max one instance, coalesced), the first run at once."""
+        from datetime import datetime
+
+        for source in self.sources:
+            scheduler.add_job(
+                self.poll,
+                "interval",
+                args=(source.name,),
+                seconds=source.interval_seconds,
+                id=f"host-{source.name}",
+                next_run_time=datetime.now().astimezone(),
+            )
+
+    def poll_due(self) -> None:
+        """Run every source whose interval has passed (the in-process test agent drives time this way)."""
+        now = self._monotonic()
+        for source in self.sources:
+            if now - source.last_run >= source.interval_seconds:
+                self.poll(source.name)
+
+    def poll(self, name: str) -> bool:
+        source = next(s for s in self.sources if s.name == name)
+        started = self._monotonic()
+        source.last_run = started
+        ok = self._run(source)
+        self._store.record_collector_run(name, success=ok, duration_seconds=self._monotonic() - started)
+        return ok
+
+    def _run(self, source: HostSource) -> bool:
+        try:
+            found, detail = source.usable()
+            if not found:
+                self._say(source, f"{source.name}: {detail}" + ("" if source.required else "; nothing to export"))
+                self._store.record_host(HostSample(source.name, self._clock()), source.interval_seconds)
+                return not source.required
+            sample = source.reader.read()
+        except IpmiError as exc:
+            self._say(source, f"{source.name} read failed: {exc}")
+            return False
+        except Exception:
+            log.exception("%s read failed unexpectedly", source.name)
+            return False
+        self._say(source, "")
+        self._store.record_host(sample, source.interval_seconds)
+        return True
+
+    def _say(self, source: HostSource, message: str) -> None:
+        """Log a source's problem once, and once when it clears, not at every run."""
+        if message == source.reported:
+            return
+        if message:
+            log.warning("%s", message)
+        elif source.reported:
+            log.info("%s reads again", source.name)
+        source.reported = message

@@ -1,0 +1,257 @@
+"""Linux hwmon: PMBus supplies, mapped Super-I/O rails, host temperatures and fans, from a sysfs root.
+
+The root is a parameter (node_exporter's habit), so the same code reads /sys on a server and a fixture tree in the
+tests and the simulated node. Every file is read on its own: an absent sensor (EIO/ENODATA), a root-only file
+(EACCES) or a file that vanished skips that one reading and keeps the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from gpuwatch.host.rails import is_supply_rail, nominal_from_name
+from gpuwatch.host.sensormap import ChipMap, InputMap, find_input, has_mapping
+from gpuwatch.model import HostReadingValue, HostSample, HostVoltage
+
+log = logging.getLogger(__name__)
+
+# Chips that report raw, unscaled, unlabelled pins: their voltages are exported only through a mapping.
+SUPER_IO = re.compile(r"^(nct6\d{3}\w*|nct67\w*|it8\d{2,3}\w*|it87|w83\d+\w*|f71\d+\w*|f81\d+\w*|sch56\d+|dme1737)$")
+# GPU drivers' own chips: the GPU backends report those temperatures and fans.
+GPU_DRIVERS = frozenset({"amdgpu", "radeon", "nouveau", "i915", "xe", "nvidia"})
+PCI_ADDRESS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+I2C_CLIENT = re.compile(r"^(\d+)-([0-9a-f]{4})$")
+PLATFORM_DEVICE = re.compile(r"^(.+)\.(\d+)$")
+_INPUT = re.compile(r"^(in|temp|fan)(\d+)_input$")
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    """One hwmon device: its driver name and the node-unique label (libsensors' name-bus-address)."""
+
+    path: Path
+    name: str
+    label: str
+    super_io: bool
+
+
+class HwmonReader:
+    """Reads every hwmon chip under `<root>/class/hwmon` once per call to read()."""
+
+    source = "hwmon"
+
+    def __init__(
+        self,
+        root: Path = Path("/sys"),
+        maps: Sequence[ChipMap] = (),
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = root
+        self.maps = tuple(maps)
+        self._clock = clock
+        self._warned: set[str] = set()
+
+    @property
+    def hwmon_dir(self) -> Path:
+        return self.root / "class" / "hwmon"
+
+    def chips(self) -> list[Chip]:
+        """Every chip that is not a GPU's, sorted by label; empty when the machine has no hwmon (VMs)."""
+        try:
+            entries = sorted(self.hwmon_dir.iterdir(), key=lambda p: _natural(p.name))
+        except OSError:
+            return []
+        chips: list[Chip] = []
+        used: set[str] = set()
+        for entry in entries:
+            name = _read_text(entry / "name")
+            if name is None or _is_gpu(entry, name):
+                continue
+            label = chip_label(entry, name)
+            if label in used:  # two chips at one address should not happen; keep both distinct if it does
+                label = f"{label}-{entry.name}"
+            used.add(label)
+            chips.append(Chip(entry, name, label, SUPER_IO.match(name) is not None))
+        return sorted(chips, key=lambda c: c.label)
+
+    def board_name(self) -> str:
+        return _read_text(self.root / "class" / "dmi" / "id" / "board_name") or ""
+
+    def read(self) -> HostSample:
+        voltages: list[HostVoltage] = []
+        temperatures: list[HostReadingValue] = []
+        fans: list[HostReadingValue] = []
+        board = self.board_name()
+        for chip in self.chips():
+            mapped = has_mapping(self.maps, chip.label, board)
+            if chip.super_io and not mapped and chip.label not in self._warned:
+                self._warned.add(chip.label)
+                log.info(
+                    "%s is a Super-I/O chip: its voltages are exported only through a mapping in host.sensor_maps "
+                    "(see deploy/sensor-maps/); temperatures and fans are read",
+                    chip.label,
+                )
+            for kind, index in _inputs(chip.path):
+                key = f"{kind}{index}"
+                mapping = find_input(self.maps, chip.label, board, key)
+                if mapping is not None and mapping.ignore:
+                    continue
+                if kind == "in":
+                    voltage = self._voltage(chip, key, mapping)
+                    if voltage is not None:
+                        voltages.append(voltage)
+                    continue
+                raw = _read_number(chip.path / f"{key}_input")
+                if raw is None:
+                    continue
+                name = _sensor_name(chip.path, key, mapping)
+                if kind == "temp":
+                    value = raw / 1000.0
+                    temperatures.append(HostReadingValue(chip.label, name, _scaled(value, mapping)))
+                else:
+                    fans.append(HostReadingValue(chip.label, name, _scaled(raw, mapping)))
+        return HostSample(
+            "hwmon",
+            self._clock(),
+            voltages=tuple(_unique(voltages)),
+            temperatures=tuple(_unique(temperatures)),
+            fans=tuple(_unique(fans)),
+        )
+
+    def _voltage(self, chip: Chip, key: str, mapping: InputMap | None) -> HostVoltage | None:
+        """A supply rail in volts, or None: unmapped Super-I/O pins, Vbat/Vcore/DIMM rails, unreadable inputs."""
+        if chip.super_io and mapping is None:
+            return None
+        name = _sensor_name(chip.path, key, mapping)
+        if not is_supply_rail(name):
+            return None
+        raw = _read_number(chip.path / f"{key}_input")
+        if raw is None:
+            return None
+        volts = _scaled(raw / 1000.0, mapping)
+        nominal = mapping.nominal if mapping is not None and mapping.nominal is not None else nominal_from_name(name)
+        minimum = mapping.min if mapping is not None else None
+        if minimum is None and not chip.super_io:
+            # The chip's own lower critical limit (PMBus VOUT_UV_FAULT), else its low warning limit.
+            for suffix in ("lcrit", "min"):
+                threshold = _read_number(chip.path / f"{key}_{suffix}")
+                if threshold is not None and threshold > 0:
+                    minimum = _scaled(threshold / 1000.0, mapping)
+                    break
+        alarm = None
+        for suffix in ("lcrit_alarm", "min_alarm", "crit_alarm", "alarm"):
+            flag = _read_number(chip.path / f"{key}_{suffix}")
+            if flag is not None:
+                alarm = bool(flag) or bool(alarm)
+        return HostVoltage(chip.label, name, volts, nominal, minimum, alarm)
+
+
+def chip_label(hwmon: Path, name: str) -> str:
+    """libsensors' chip name: `name-bus-address` from where the device sits (i2c, isa/platform, pci), so two
+    PSUs of one model are told apart and the label survives reboots (hwmonN numbers do not)."""
+    try:
+        device = (hwmon / "device").resolve(strict=True)
+    except (OSError, RuntimeError):
+        return f"{name}-virtual-0"
+    base = device.name
+    i2c = I2C_CLIENT.match(base)
+    if i2c:
+        return f"{name}-i2c-{int(i2c.group(1))}-{int(i2c.group(2), 16):02x}"
+    for part in (device, *device.parents):
+        pci = PCI_ADDRESS.match(part.name)
+        if pci:
+            _domain, bus, slot, func = (int(g, 16) for g in pci.groups())
+            return f"{name}-pci-{(bus << 8) + (slot << 3) + func:04x}"
+    platform = PLATFORM_DEVICE.match(base)
+    if platform and "platform" in device.parts:
+        return f"{name}-isa-{int(platform.group(2)):04x}"
+    if "acpi" in base.lower() or base.startswith(("LNX", "PNP")):
+        return f"{name}-acpi-0"
+    return f"{name}-virtual-0"
+
+
+def _is_gpu(hwmon: Path, name: str) -> bool:
+    """A GPU driver's chip, or any hwmon whose device is a display controller (PCI class 0x03)."""
+    if name in GPU_DRIVERS:
+        return True
+    device_class = _read_text(hwmon / "device" / "class")
+    return device_class is not None and device_class.lower().startswith("0x03")
+
+
+def _inputs(chip: Path) -> list[tuple[str, int]]:
+    try:
+        names = os.listdir(chip)
+    except OSError:
+        return []
+    found = []
+    for entry in names:
+        match = _INPUT.match(entry)
+        if match:
+            found.append((match.group(1), int(match.group(2))))
+    order = {"in": 0, "temp": 1, "fan": 2}
+    return sorted(found, key=lambda item: (order[item[0]], item[1]))
+
+
+def _sensor_name(chip: Path, key: str, mapping: InputMap | None) -> str:
+    if mapping is not None and mapping.label:
+        return mapping.label
+    return _read_text(chip / f"{key}_label") or key
+
+
+def _scaled(value: float, mapping: InputMap | None) -> float:
+    return value if mapping is None else round(mapping.scale(value), 6)
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's first line, or None when it is missing, root-only, or the driver answers EIO/ENODATA."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.readline().strip()
+    except OSError:
+        return None
+
+
+def _read_number(path: Path) -> float | None:
+    text = _read_text(path)
+    if not text:
+        return None
+    try:
+        return float(int(text))
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+
+def _natural(name: str) -> tuple[str, int]:
+    digits = re.search(r"\d+$", name)
+    return (name[: digits.start()] if digits else name, int(digits.group()) if digits else -1)
+
+
+T = TypeVar("T", HostVoltage, HostReadingValue)
+
+
+def _unique(items: list[T]) -> list[T]:
+    """Two inputs of one chip with the same label (two "Core 0" on a chip, a mapping typo) get distinct names."""
+    seen: dict[tuple[str, str], int] = {}
+    out: list[T] = []
+    for item in items:
+        key = (item.chip, item.sensor)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > 1:
+            item = _renamed(item, f"{item.sensor} #{seen[key]}")
+        out.append(item)
+    return out
+
+
+def _renamed(item: T, sensor: str) -> T:
+    return replace(item, sensor=sensor)

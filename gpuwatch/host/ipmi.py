@@ -1,0 +1,280 @@
+"""The BMC through `ipmitool`: voltage rails with the BMC's own thresholds, power supplies from their event states.
+
+Two commands, chosen for what each one says best:
+
+* `ipmitool sensor` — one pipe-separated line per threshold sensor: reading, unit, status and the six thresholds
+  the BMC enforces *now* (read with Get Sensor Thresholds, so an operator's change is seen, unlike the SDR's initial
+  values in `sdr -v`). The unit column ("Volts", "degrees C", "RPM") identifies rails, temperatures and fans the same
+  way on every vendor's BMC, whatever the sensor is called. Discrete sensors show as "discrete" and are skipped.
+* `ipmitool sdr type "Power Supply"` — the supplies' event states already decoded ("Presence detected, Failure
+  detected", "Power Supply AC lost" …). `sensor` shows them only as a raw state mask (0x0100), whose bits a parser
+  would have to decode itself.
+
+`sdr elist` gives readings without thresholds, so it cannot tell a rail's lower-critical limit. Both commands read
+the local BMC through /dev/ipmi0 (`-I open`); each runs with a timeout and is killed when it passes it, because a
+busy BMC can take tens of seconds and an agent must never wait on it without bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwatch.host.rails import is_supply_rail, nominal_from_name
+from gpuwatch.model import HostPsu, HostReadingValue, HostSample, HostVoltage
+from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+CHIP = "ipmi"
+SENSOR_COMMAND = ("sensor",)
+PSU_COMMAND = ("sdr", "type", "Power Supply")
+PSU_STATE_KIND = "gpuwatch-host-psus"
+THRESHOLDS = ("lnr", "lcr", "lnc", "unc", "ucr", "unr")
+# Event states of sensor type 0x08 (IPMI 2.0 table 42-3) that mean the supply does not deliver, or will not.
+_FAILED = re.compile(r"failure detected|predictive failure|ac lost|out-of-range|config(uration)? error", re.I)
+_PRESENT = re.compile(r"presence detected", re.I)
+_REDUNDANCY = re.compile(r"redundan", re.I)
+
+Runner = Callable[[Sequence[str], float], str]
+
+
+class IpmiError(Exception):
+    """ipmitool could not be run, failed, or passed its timeout; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class IpmiSensor:
+    """A line of `ipmitool sensor`: the reading (None when "na") and the thresholds the BMC declares."""
+
+    name: str
+    value: float | None
+    unit: str
+    status: str
+    thresholds: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PsuState:
+    """A line of `ipmitool sdr type "Power Supply"`."""
+
+    name: str
+    entity: str
+    status: str
+    states: str
+
+    @property
+    def label(self) -> str:
+        """The `psu` label: the sensor's name, with the entity instance when the name alone says no bay (Dell's
+        supplies are all called "Status", told apart by entity 10.1, 10.2)."""
+        return self.name if any(ch.isdigit() for ch in self.name) else f"{self.name} {self.entity}"
+
+    @property
+    def redundancy(self) -> bool:
+        return bool(_REDUNDANCY.search(self.name) or _REDUNDANCY.search(self.states))
+
+    @property
+    def failed(self) -> bool:
+        return bool(_FAILED.search(self.states))
+
+    @property
+    def present(self) -> bool:
+        """Present: presence asserted, or a failure reported (some BMCs drop the presence bit of a failed supply)."""
+        if self.status == "ns":
+            return False
+        return bool(_PRESENT.search(self.states)) or self.failed
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # na, ns, "Not Readable", "disabled", hex states of discrete sensors
+
+
+def parse_sensor_list(text: str) -> list[IpmiSensor]:
+    """Parse `ipmitool sensor`; lines that are not ten pipe-separated fields (warnings, blanks) are skipped."""
+    sensors = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 10 or not fields[0]:
+            continue
+        name, reading, unit, status = fields[:4]
+        if unit.lower() == "discrete":
+            continue
+        thresholds = {
+            key: v for key, raw in zip(THRESHOLDS, fields[4:10], strict=True) if (v := _number(raw)) is not None
+        }
+        sensors.append(IpmiSensor(name, _number(reading), unit, status.lower(), thresholds))
+    return sensors
+
+
+def parse_psu_states(text: str) -> list[PsuState]:
+    """Parse `ipmitool sdr type "Power Supply"`: name | id | status | entity | event states."""
+    psus = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 5 or not fields[0]:
+            continue
+        psus.append(PsuState(fields[0], fields[3], fields[2].lower(), " | ".join(fields[4:])))
+    return psus
+
+
+def readings_from_sensors(
+    sensors: Sequence[IpmiSensor],
+) -> tuple[list[HostVoltage], list[HostReadingValue], list[HostReadingValue]]:
+    """Voltage rails (Vbat, Vcore, DIMM excluded), temperatures and fans; sensors without a reading are left out."""
+    voltages, temperatures, fans = [], [], []
+    seen: dict[tuple[str, str], int] = {}
+    for sensor in sensors:
+        unit = sensor.unit.lower()
+        kind = "volts" if unit == "volts" else "temp" if unit == "degrees c" else "fan" if unit == "rpm" else None
+        if kind is None:
+            continue
+        # Dell names both CPUs' sensors "Temp": the second of a name becomes "Temp #2", in the BMC's order.
+        count = seen[(kind, sensor.name)] = seen.get((kind, sensor.name), 0) + 1
+        name = sensor.name if count == 1 else f"{sensor.name} #{count}"
+        if sensor.value is None or sensor.status in ("na", "ns"):
+            continue
+        if kind == "volts":
+            if is_supply_rail(name):
+                minimum = sensor.thresholds.get("lcr")
+                voltages.append(HostVoltage(CHIP, name, sensor.value, nominal_from_name(name), minimum or None))
+        elif kind == "temp":
+            temperatures.append(HostReadingValue(CHIP, name, sensor.value))
+        else:
+            fans.append(HostReadingValue(CHIP, name, sensor.value))
+    return voltages, temperatures, fans
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> str:
+    """Run ipmitool in its own process group; on timeout kill the group and do not wait for it long."""
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise IpmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=2.0)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (D state): leave it, never hang the agent
+            log.warning("%s did not exit after SIGKILL", argv[0])
+        raise IpmiError(f"{' '.join(argv)} took longer than {timeout_s:g} s and was killed") from None
+    if proc.returncode != 0:
+        message = (err or out).strip().splitlines()
+        raise IpmiError(f"{' '.join(argv)} exited {proc.returncode}: {message[-1] if message else 'no output'}")
+    return out
+
+
+class IpmiReader:
+    """Reads the local BMC; remembers every supply it has seen, so one that disappears is exported as down."""
+
+    source = "ipmi"
+
+    def __init__(
+        self,
+        *,
+        ipmitool: str = "ipmitool",
+        device: Path = Path("/dev/ipmi0"),
+        timeout_s: float = 20.0,
+        runner: Runner = run_command,
+        state_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        availability: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
+        self.ipmitool = ipmitool
+        self.device = device
+        self.timeout_s = timeout_s
+        self._runner = runner
+        self._state_path = state_path
+        self._clock = clock
+        self._availability = availability  # replaces the ipmitool/device check (the simulated BMC)
+        self._seen: set[str] | None = None
+
+    def usable(self) -> tuple[bool, str]:
+        """Whether ipmitool and the BMC device are there and usable by this user, and if not, why."""
+        if self._availability is not None:
+            return self._availability()
+        tool = shutil.which(self.ipmitool)
+        if tool is None:
+            return False, f"{self.ipmitool} not found (apt-get install ipmitool)"
+        if not self.device.exists():
+            return False, f"no {self.device} (no BMC, or the ipmi_si/ipmi_devintf modules are not loaded)"
+        if not os.access(self.device, os.R_OK | os.W_OK):
+            return False, f"{self.device} is not read/writable by this user (root or a udev rule is needed)"
+        return True, f"{tool} via {self.device}"
+
+    def _argv(self, *command: str) -> list[str]:
+        argv = [self.ipmitool, "-I", "open"]
+        number = re.search(r"(\d+)$", self.device.name)
+        if number and number.group(1) != "0":
+            argv += ["-d", number.group(1)]
+        return argv + list(command)
+
+    def read(self) -> HostSample:
+        sensors = parse_sensor_list(self._runner(self._argv(*SENSOR_COMMAND), self.timeout_s))
+        psus = parse_psu_states(self._runner(self._argv(*PSU_COMMAND), self.timeout_s))
+        voltages, temperatures, fans = readings_from_sensors(sensors)
+        return HostSample(
+            "ipmi",
+            self._clock(),
+            voltages=tuple(voltages),
+            psus=tuple(self._psus(psus)),
+            temperatures=tuple(temperatures),
+            fans=tuple(fans),
+        )
+
+    def _psus(self, states: Sequence[PsuState]) -> list[HostPsu]:
+        seen = self._load_seen()
+        out: dict[str, HostPsu] = {}
+        for state in states:
+            if state.redundancy or state.label in out:
+                continue
+            if state.present:
+                out[state.label] = HostPsu(state.label, not state.failed, state.states)
+        newly = set(out) - seen
+        for label in sorted(seen - set(out)):
+            out[label] = HostPsu(label, False, "absent (was present before)")
+        if newly:
+            seen |= newly
+            self._save_seen(seen)
+        return [out[label] for label in sorted(out)]
+
+    def _load_seen(self) -> set[str]:
+        if self._seen is None:
+            self._seen = set()
+            if self._state_path is not None:
+                data = read_json(self._state_path, expect_kind=PSU_STATE_KIND)
+                psus = data.get("psus") if data else None
+                if isinstance(psus, list):
+                    self._seen = {p for p in psus if isinstance(p, str)}
+        return self._seen
+
+    def _save_seen(self, seen: set[str]) -> None:
+        if self._state_path is None:
+            return
+        try:
+            atomic_write_json(
+                self._state_path, {"kind": PSU_STATE_KIND, "version": STATE_VERSION, "psus": sorted(seen)}
+            )
+        except StateDirError as exc:
+            log.warning("%s; the supplies seen are remembered only until the agent restarts", exc)

@@ -1,0 +1,83 @@
+"""What `gpuwatch snapshot` and `gpuwatch check` say about the host sources: rails, supplies, temperatures, fans."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from gpuwatch.host.collectors import HostSource
+from gpuwatch.host.ipmi import IpmiError
+from gpuwatch.model import HostSample
+
+
+def read_host(sources: Sequence[HostSource]) -> tuple[list[HostSample], dict[str, str]]:
+    """One read of every usable host source; a source that is absent is no problem unless it is required."""
+    samples: list[HostSample] = []
+    problems: dict[str, str] = {}
+    for source in sources:
+        found, detail = source.usable()
+        if not found:
+            if source.required:
+                problems[source.name] = detail
+            continue
+        try:
+            samples.append(source.reader.read())
+        except (IpmiError, OSError) as exc:
+            problems[source.name] = str(exc)
+    return samples, problems
+
+
+def host_json(samples: Sequence[HostSample]) -> dict[str, Any]:
+    out: dict[str, Any] = {"voltages": [], "psus": [], "temperatures": [], "fans": []}
+    for sample in samples:
+        for key in out:
+            out[key].extend({"source": sample.source, **dataclasses.asdict(item)} for item in getattr(sample, key))
+    return out
+
+
+def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) -> None:
+    for name, message in problems.items():
+        print(f"{name}: unavailable: {message}")
+    voltages = [v for s in samples for v in s.voltages]
+    psus = [p for s in samples for p in s.psus]
+    temps = [t for s in samples for t in s.temperatures]
+    fans = [f for s in samples for f in s.fans]
+    if not (voltages or psus or temps or fans):
+        print("host sensors: none (no hwmon chips, no BMC)")
+        return
+    if voltages:
+        print(f"{'rail':<40} {'V':>8} {'nominal':>8} {'min':>8}  state")
+        for v in voltages:
+            low = v.min_volts is not None and v.volts < v.min_volts
+            state = "BELOW MIN" if low else ("ALARM" if v.alarm else "ok")
+            print(
+                f"{(v.chip + ' ' + v.sensor)[:40]:<40} {v.volts:>8.3f} {_num(v.nominal_volts):>8} "
+                f"{_num(v.min_volts):>8}  {state}"
+            )
+    for p in psus:
+        print(f"power supply {p.psu}: {'ok' if p.up else 'DOWN'} ({p.states or '-'})")
+    if temps:
+        print("temperatures: " + ", ".join(f"{t.chip} {t.sensor} {t.value:.1f}°C" for t in temps))
+    if fans:
+        print("fans: " + ", ".join(f"{f.chip} {f.sensor} {f.value:.0f} RPM" for f in fans))
+
+
+def check_host(sources: Sequence[HostSource], disabled: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(level, what, detail) per host source: ok when found, info when absent (VMs), FAIL only when required."""
+    lines: list[tuple[str, str, str]] = []
+    names = {s.name for s in sources}
+    for source in sources:
+        found, detail = source.usable()
+        level = "ok" if found else ("FAIL" if source.required else "info")
+        suffix = f" (every {source.interval_seconds:g} s)" if found else "; nothing to export, not an error"
+        lines.append((level, f"host {source.name}", detail + (suffix if found or not source.required else "")))
+    for name in ("hwmon", "ipmi"):
+        if name not in names:
+            reason = "disabled" if name in disabled else "off (host.ipmi)"
+            lines.append(("info", f"host {name}", reason))
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,104 @@
+"""Host sensors through the whole agent: the simulated node's hwmon tree and BMC read by the real readers, the
+collectors on a machine without hwmon or a BMC, --disable-collector, and the CLI's check and snapshot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from simnode import SimAgent
+
+from gpuwatch.config import load_config
+from gpuwatch.host.collectors import HostCollectors, build_host_sources
+from gpuwatch.store import SampleStore
+
+PSU1 = {"chip": "pmbus-i2c-7-58", "sensor": "vout1"}
+
+
+def test_psu_undervoltage_shows_the_rail_below_its_lower_critical_in_metrics(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="psu_undervoltage")
+    try:
+        sim.run(10.0)
+        volts = sim.value("gpuwatch_host_voltage_volts", **PSU1)
+        minimum = sim.value("gpuwatch_host_voltage_min_volts", **PSU1)
+        assert volts == 11.2 and minimum == 11.4
+        assert sim.value("gpuwatch_host_voltage_volts", chip="pmbus-i2c-7-59", sensor="vout1") == 12.08
+        # the GPUs power-brake at the same time
+        assert sim.value("gpuwatch_gpu_throttle_active", 0, reason="hw_power_brake") == 1.0
+        assert sim.value("gpuwatch_collector_success", collector="hwmon") == 1.0
+    finally:
+        sim.close()
+
+
+def test_healthy_node_has_rails_over_their_limits_supplies_up_temperatures_and_fans(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="healthy")
+    try:
+        sim.run(10.0)
+        assert sim.value("gpuwatch_host_voltage_volts", **PSU1) == 12.1
+        assert sim.value("gpuwatch_host_voltage_nominal_volts", chip="ipmi", sensor="12V") == 12.0
+        assert sim.value("gpuwatch_host_psu_up", psu="PS1 Status") == 1.0
+        assert sim.value("gpuwatch_host_psu_up", psu="PS2 Status") == 1.0
+        assert sim.value("gpuwatch_host_temperature_celsius", chip="coretemp-isa-0000", sensor="Package id 0") == 41
+        assert sim.value("gpuwatch_host_fan_rpm", chip="pmbus-i2c-7-58", sensor="fan1") == 6400
+        assert sim.value("gpuwatch_host_voltage_volts", chip="ipmi", sensor="VBAT") is None
+        assert sim.value("gpuwatch_collector_interval_seconds", collector="hwmon") == 5.0
+        assert sim.value("gpuwatch_collector_interval_seconds", collector="ipmi") == 60.0
+    finally:
+        sim.close()
+
+
+def test_disabled_host_collectors_export_nothing(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="healthy", disable_collectors=["hwmon", "ipmi"])
+    try:
+        sim.run(3.0)
+        assert not any(name.startswith("gpuwatch_host_") for name, _ in sim.samples())
+        assert sim.value("gpuwatch_collector_success", collector="hwmon") is None
+    finally:
+        sim.close()
+
+
+def test_a_machine_without_hwmon_or_bmc_succeeds_with_no_series(tmp_path: Path) -> None:
+    overrides = {
+        "agent": {"state_dir": str(tmp_path)},
+        "host": {"sysfs_root": str(tmp_path / "empty-sys"), "ipmitool": str(tmp_path / "no-ipmitool")},
+    }
+    store = SampleStore(poll_interval_seconds=1.0)
+    host = HostCollectors(build_host_sources(load_config(None, overrides)), store)
+    host.register()
+    host.poll_due()
+    snap = store.snapshot()
+    assert {name: snap.collectors[name].success for name in ("hwmon", "ipmi")} == {"hwmon": True, "ipmi": True}
+    assert all(not (s.voltages or s.psus or s.temperatures or s.fans) for s in snap.host)
+
+
+def test_a_required_bmc_that_is_missing_is_a_failing_collector(tmp_path: Path) -> None:
+    overrides = {"agent": {"state_dir": str(tmp_path)}, "host": {"ipmi": "on", "ipmitool": str(tmp_path / "none")}}
+    store = SampleStore(poll_interval_seconds=1.0)
+    host = HostCollectors(build_host_sources(load_config(None, overrides)), store)
+    host.register()
+    assert host.poll("ipmi") is False
+    assert store.snapshot().collectors["ipmi"].errors_total == 1
+
+
+def gpuwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_check_says_which_host_sources_it_found(tmp_path: Path) -> None:
+    result = gpuwatch("check", "--backend", "simulated", "--state-dir", str(tmp_path), "--listen", "127.0.0.1:0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[ok] host hwmon:" in result.stdout and "[ok] host ipmi: simulated BMC" in result.stdout
+
+
+def test_snapshot_json_shows_rails_supplies_and_temperatures(tmp_path: Path) -> None:
+    result = gpuwatch("snapshot", "--backend", "simulated", "--scenario", "healthy", "--json")
+    assert result.returncode == 0, result.stderr
+    host = json.loads(result.stdout)["host"]
+    rails = {(v["chip"], v["sensor"]): v for v in host["voltages"]}
+    assert rails[("pmbus-i2c-7-58", "vout1")]["min_volts"] == 11.4
+    assert {p["psu"]: p["up"] for p in host["psus"]} == {"PS1 Status": True, "PS2 Status": True}
+    assert any(t["chip"] == "nvme-pci-0100" for t in host["temperatures"])
+    table = gpuwatch("snapshot", "--backend", "simulated", "--scenario", "healthy")
+    assert "pmbus-i2c-7-58 vout1" in table.stdout and "power supply PS1 Status: ok" in table.stdout

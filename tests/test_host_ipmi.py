@@ -1,0 +1,179 @@
+"""The BMC reader on recorded ipmitool output of several vendors' BMCs, and through a real child process."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.host.ipmi import IpmiError, IpmiReader, parse_psu_states, parse_sensor_list, readings_from_sensors
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ipmi"
+
+
+def recorded(vendor: str) -> dict[str, str]:
+    return {name: (FIXTURES / vendor / f"{name}.txt").read_text() for name in ("sensor", "psu")}
+
+
+def replay(outputs: dict[str, str]) -> object:
+    def run(argv: Sequence[str], _timeout: float) -> str:
+        return outputs["psu"] if "sdr" in argv else outputs["sensor"]
+
+    return run
+
+
+def reader_for(outputs: dict[str, str], state: Path | None = None) -> IpmiReader:
+    return IpmiReader(runner=replay(outputs), state_path=state, availability=lambda: (True, "recorded"))  # type: ignore[arg-type]
+
+
+def rails(reader: IpmiReader) -> dict[str, tuple[float, float | None, float | None]]:
+    return {v.sensor: (v.volts, v.nominal_volts, v.min_volts) for v in reader.read().voltages}
+
+
+def test_supermicro_rails_with_the_bmc_lower_critical_and_nominal_from_the_name() -> None:
+    reader = reader_for(recorded("supermicro_x12"))
+    assert rails(reader) == {
+        "12V": (11.968, 12.0, 10.515),
+        "5VCC": (5.026, 5.0, 4.39),
+        "3.3VCC": (3.367, 3.3, 2.882),
+        "5VSB": (5.052, 5.0, 4.39),
+        "3.3VSB": (3.384, 3.3, 2.882),
+        "1.8V PCH": (1.818, 1.8, 1.575),
+        "PVNN PCH": (0.927, None, 0.792),
+        "1.05V PCH": (1.066, 1.05, 0.9),
+    }  # Vcpu1/2, VDimm*, VBAT (discrete on this BMC) are not supply rails
+
+
+def test_supermicro_temperatures_and_fans_skip_unreadable_sensors() -> None:
+    sample = reader_for(recorded("supermicro_x12")).read()
+    temps = {t.sensor: t.value for t in sample.temperatures}
+    assert temps["CPU1 Temp"] == 45.0 and temps["System Temp"] == 30.0
+    assert "P1-DIMMB1 Temp" not in temps  # na
+    assert {f.sensor: f.value for f in sample.fans} == {"FAN1": 3360.0, "FAN2": 3500.0, "FANA": 2940.0}
+    assert {t.chip for t in sample.temperatures} == {"ipmi"}
+
+
+def test_supermicro_supply_with_ac_lost_is_down() -> None:
+    psus = {p.psu: p.up for p in reader_for(recorded("supermicro_x12")).read().psus}
+    assert psus == {"PS1 Status": True, "PS2 Status": False}
+
+
+def test_dell_supplies_named_status_are_told_apart_by_entity_and_redundancy_is_not_a_supply() -> None:
+    sample = reader_for(recorded("dell_idrac9")).read()
+    assert {p.psu: p.up for p in sample.psus} == {"Status 10.1": True, "Status 10.2": False}
+    # the PSU's AC input voltage is a rail without a name that says its nominal; "ns" sensors are skipped
+    assert {v.sensor: (v.volts, v.nominal_volts, v.min_volts) for v in sample.voltages} == {
+        "Voltage 1": (232.0, None, None)
+    }
+    # both CPUs' sensors are called "Temp": neither is lost
+    temps = {t.sensor: t.value for t in sample.temperatures}
+    assert temps["Temp"] == 42.0 and temps["Temp #2"] == 40.0 and temps["Inlet Temp"] == 22.0
+    assert "Fan4" not in {f.sensor for f in sample.fans}
+
+
+def test_hpe_predictive_failure_is_down_and_fans_in_percent_are_not_rpm() -> None:
+    sample = reader_for(recorded("hpe_ilo5")).read()
+    assert {p.psu: p.up for p in sample.psus} == {"Power Supply 1": True, "Power Supply 2": False}
+    assert sample.fans == () and sample.voltages == ()
+    assert {t.sensor for t in sample.temperatures} == {"01-Inlet Ambient", "02-CPU 1", "03-CPU 2", "12-HD Max"}
+
+
+def test_lenovo_failure_detected_unpopulated_bays_and_vccin_excluded() -> None:
+    sample = reader_for(recorded("lenovo_xcc")).read()
+    # PSU3 (ns, No Reading) and PSU4 (no presence asserted) were never populated: not exported
+    assert {p.psu: p.up for p in sample.psus} == {"PSU1": True, "PSU2": False}
+    assert {v.sensor: (v.volts, v.nominal_volts, v.min_volts) for v in sample.voltages} == {
+        "Planar 3.3V": (3.32, 3.3, 3.04),
+        "Planar 5V": (5.07, 5.0, 4.5),
+        "Planar 12V": (12.16, 12.0, 10.84),
+    }
+
+
+def test_a_supply_seen_once_that_disappears_is_down_and_remembered_across_restarts(tmp_path: Path) -> None:
+    state = tmp_path / "host_psus.json"
+    outputs = recorded("lenovo_xcc")
+    assert {p.psu for p in reader_for(outputs, state).read().psus} == {"PSU1", "PSU2"}
+    outputs["psu"] = "PSU1             | E0h | ok  | 10.1 | Presence detected\n"
+    after_restart = reader_for(outputs, state)  # a new reader: what it knows comes from the state file
+    psus = {p.psu: (p.up, p.states) for p in after_restart.read().psus}
+    assert psus == {"PSU1": (True, "Presence detected"), "PSU2": (False, "absent (was present before)")}
+    # and without a state file, it is remembered in memory
+    memory = reader_for(recorded("lenovo_xcc"))
+    memory.read()
+    outputs_gone = {**recorded("lenovo_xcc"), "psu": ""}
+    memory._runner = replay(outputs_gone)  # type: ignore[assignment]
+    assert {p.psu: p.up for p in memory.read().psus} == {"PSU1": False, "PSU2": False}
+
+
+def test_parsers_skip_warnings_and_blank_lines() -> None:
+    text = "Unable to read sensor 0x42: Timeout\n\n" + recorded("supermicro_x12")["sensor"]
+    assert len(parse_sensor_list(text)) == len(parse_sensor_list(recorded("supermicro_x12")["sensor"]))
+    assert parse_psu_states("Get SDR 0042 command failed\n") == []
+    voltages, _, _ = readings_from_sensors(parse_sensor_list("12V | na | Volts | na | na | na | na | na | na | na\n"))
+    assert voltages == []
+
+
+def fake_ipmitool(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "ipmitool"
+    script.write_text(f"#!{sys.executable}\n{body}")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_through_a_real_child_process(tmp_path: Path) -> None:
+    """The argv the reader sends and the output a real process prints, end to end."""
+    fixtures = FIXTURES / "supermicro_x12"
+    tool = fake_ipmitool(
+        tmp_path,
+        "import sys\n"
+        f"assert sys.argv[1:3] == ['-I', 'open'], sys.argv\n"
+        f"name = 'psu' if sys.argv[3:] == ['sdr', 'type', 'Power Supply'] else 'sensor'\n"
+        f"assert name == 'psu' or sys.argv[3:] == ['sensor'], sys.argv\n"
+        f"print(open({str(fixtures)!r} + '/' + name + '.txt').read(), end='')\n",
+    )
+    device = tmp_path / "ipmi0"
+    device.write_text("")
+    reader = IpmiReader(ipmitool=str(tool), device=device, timeout_s=30)
+    assert reader.usable()[0]
+    sample = reader.read()
+    assert {v.sensor for v in sample.voltages} >= {"12V", "5VCC"}
+    assert {p.psu: p.up for p in sample.psus} == {"PS1 Status": True, "PS2 Status": False}
+
+
+def test_a_hung_ipmitool_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    tool = fake_ipmitool(
+        tmp_path, f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    device = tmp_path / "ipmi0"
+    device.write_text("")
+    reader = IpmiReader(ipmitool=str(tool), device=device, timeout_s=1.0)
+    with pytest.raises(IpmiError, match="longer than 1 s and was killed"):
+        reader.read()
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, and reaped
+
+
+def test_a_failing_ipmitool_says_why(tmp_path: Path) -> None:
+    tool = fake_ipmitool(
+        tmp_path, "import sys\nprint('Could not open device at /dev/ipmi0', file=sys.stderr)\nsys.exit(1)\n"
+    )
+    device = tmp_path / "ipmi0"
+    device.write_text("")
+    with pytest.raises(IpmiError, match="exited 1: Could not open device"):
+        IpmiReader(ipmitool=str(tool), device=device).read()
+
+
+def test_usable_says_what_is_missing(tmp_path: Path) -> None:
+    assert IpmiReader(ipmitool=str(tmp_path / "nope")).usable() == (
+        False,
+        f"{tmp_path / 'nope'} not found (apt-get install ipmitool)",
+    )
+    tool = fake_ipmitool(tmp_path, "")
+    ok, why = IpmiReader(ipmitool=str(tool), device=tmp_path / "ipmi0").usable()
+    assert not ok and "no " + str(tmp_path / "ipmi0") in why
