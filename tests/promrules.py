@@ -1,0 +1,77 @@
+"""Helpers for the rule tests: the shipped rule files, annotation-free copies for promtool, and /metrics recorded
+from the real agent over time turned into promtool `input_series`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+PROM_DIR = ROOT / "deploy" / "prometheus"
+RULE_FILES = ("gpuwatch-rules.yml", "gpuwatch-alerts.yml")
+SPEC_ALERTS = ROOT.parent / "shared" / "spec" / "alerts.md"
+
+
+def spec_alerts(path: Path = SPEC_ALERTS) -> dict[str, str]:
+    """Alert name -> severity, parsed from the spec's table."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^\|\s*`(\w+)`\s*\|\s*(critical|warning|info)\s*\|", line)
+        if m:
+            out[m[1]] = m[2]
+    return out
+
+
+def shipped_alert_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def write_rules_without_annotations(dest: Path) -> None:
+    """promtool compares annotations exactly; the logic is what these tests hold, so drop them in a copy."""
+    for name in RULE_FILES:
+        doc = yaml.safe_load((PROM_DIR / name).read_text())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                rule.pop("annotations", None)
+        (dest / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+class Recorder:
+    """Scrapes an agent's text exposition at moments of a test's choosing; renders promtool input_series.
+
+    Unix-time gauges (`*_timestamp_seconds`) are moved onto promtool's clock, which starts at 0 at `wall_zero`."""
+
+    def __init__(self, wall_zero: float, labels: dict[str, str]) -> None:
+        self.wall_zero = wall_zero
+        self.labels = labels
+        self.scrapes: list[dict[str, float]] = []
+
+    def scrape(self, text: str) -> None:
+        sample: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                value = s.value - self.wall_zero if s.name.endswith("_timestamp_seconds") else s.value
+                labels = {**s.labels, **self.labels}
+                body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                sample[f"{s.name}{{{body}}}"] = value
+        self.scrapes.append(sample)
+
+    def input_series(self) -> list[dict[str, str]]:
+        names = sorted({n for s in self.scrapes for n in s})
+        return [{"series": n, "values": " ".join(_fmt(s.get(n)) for s in self.scrapes)} for n in names]
+
+
+def _fmt(value: float | None) -> str:
+    return "_" if value is None else repr(float(value))

@@ -1,0 +1,96 @@
+"""simulate-fleet: the command line's validation, and a fleet in several real processes serving real agents."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault
+from gpuwatch.simulated.scenarios import SimulatedNode
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("3", "expected NODE=SCENARIO"),
+        ("9=overheating", "no node 9"),
+        ("x=overheating", "neither a number"),
+        ("1=melting", "unknown scenario"),
+        ("1/7=overheating", "no GPU 7"),
+        ("1/2=backend_down", "whole node"),
+    ],
+)
+def test_bad_faults_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(FleetError, match=message):
+        parse_fault(text, nodes=4, gpus=4)
+
+
+def test_faults_by_number_and_name() -> None:
+    plan = make_plan(nodes=4, gpus=4, port_base=20000, faults=["node-002=power_brake", "3/1=gpu_lost"])
+    assert plan.scenario_of(2) == "power_brake" and plan.scenario_of(3) == "healthy"
+    assert plan.gpu_scenarios_of(3) == {1: "gpu_lost"}
+    with pytest.raises(FleetError, match="two scenarios"):
+        make_plan(nodes=4, gpus=4, port_base=20000, faults=["1=busy", "1=xid"])
+    with pytest.raises(FleetError, match="AMD"):
+        make_plan(nodes=1, gpus=1, port_base=20000, vendor="amd")
+
+
+def test_a_gpu_scenario_faults_only_that_gpu() -> None:
+    node = SimulatedNode("healthy", gpus=4, gpu_scenarios={1: "power_limit_low"})
+    assert node.fault_gpus == (1,)
+    assert node.plan(1).power_limit_watts == 450.0 and node.plan(1).busy
+
+
+def _free_base(n: int) -> int:
+    for base in range(31000, 60000, 101):
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def test_fleet_in_several_processes_serves_every_node(tmp_path: Path) -> None:
+    base = _free_base(3)
+    targets = tmp_path / "targets.json"
+    cmd = [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", "3", "--gpus", "2", "--port-base", str(base)]
+    cmd += ["--targets", str(targets), "--nodes-per-process", "2", "--state-dir", str(tmp_path / "state")]
+    cmd += ["--fault", "1/1=gpu_lost"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not targets.exists():
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no targets file within 60 s"
+            time.sleep(0.2)
+        doc = json.loads(targets.read_text())
+        assert [t["labels"]["node"] for t in doc] == ["node-000", "node-001", "node-002"]
+        uuids = set()
+        for i, entry in enumerate(doc):
+            assert entry["targets"] == [f"127.0.0.1:{base + i}"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            uuids |= {line.split('uuid="')[1].split('"')[0] for line in text.splitlines() if "gpuwatch_gpu_up{" in line}
+        assert len(uuids) == 6, "every GPU of the fleet has its own UUID"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "in 2 process(es)" in out
+    assert not targets.exists(), "the targets file goes with the fleet"
