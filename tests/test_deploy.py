@@ -1,0 +1,244 @@
+"""The fleet deploy files, checked by the tools that consume them: ansible-playbook (syntax, check mode, real template
+rendering), ansible-lint offline, the Kubernetes schemas (kubernetes-validate, offline), promtool, and install.sh
+staged into a temporary root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from test_systemd_unit import install_root
+
+from gpuwatch.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+ANSIBLE = REPO / "deploy" / "ansible"
+KUBE = REPO / "deploy" / "kubernetes"
+BIN = Path(sys.executable).parent
+KUBERNETES_VERSION = "1.30.0"
+
+
+def ansible_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+        "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+    }
+
+
+def ansible(tmp_path: Path, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / tool), *args], cwd=ANSIBLE, env=ansible_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+
+
+def local_inventory(tmp_path: Path) -> Path:
+    """localhost as a GPU node and as the Prometheus server, plus a remote node that only appears in the targets."""
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_become": False,
+                "ansible_python_interpreter": sys.executable,
+                "gpuwatch_targets_file": str(tmp_path / "file_sd" / "gpuwatch.json"),
+            },
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {"localhost": {}, "gpu-node-02": {"ansible_host": "10.0.0.2", "gpuwatch_port": 9846}}
+                },
+                "prometheus": {"hosts": {"localhost": {}}},
+            },
+        }
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    return path
+
+
+def test_playbook_syntax(tmp_path: Path) -> None:
+    result = ansible(tmp_path, "ansible-playbook", "--syntax-check", "playbook.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ansible_lint_offline_production_profile(tmp_path: Path) -> None:
+    result = ansible(tmp_path, "ansible-lint", "--offline", "playbook.yml", "roles/gpuwatch")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_role_in_check_mode_on_localhost_then_targets_for_real(tmp_path: Path) -> None:
+    """Check mode changes nothing on this machine; the service tasks skip themselves where systemd is not PID 1."""
+    inventory = local_inventory(tmp_path)
+    check = ansible(tmp_path, "ansible-playbook", "-i", str(inventory), "playbook.yml", "--check", "-l", "localhost")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "failed=0" in check.stdout
+    if not Path("/run/systemd/system").is_dir():
+        assert "systemd is not PID 1 here" in check.stdout
+    assert not (tmp_path / "file_sd" / "gpuwatch.json").exists()  # check mode wrote nothing
+
+    real = ansible(
+        tmp_path,
+        "ansible-playbook",
+        "-i",
+        str(inventory),
+        "playbook.yml",
+        "--tags",
+        "gpuwatch_targets",
+        "-l",
+        "localhost",
+    )
+    assert real.returncode == 0, real.stdout + real.stderr
+    targets = json.loads((tmp_path / "file_sd" / "gpuwatch.json").read_text())
+    # The file_sd format deploy/prometheus/prometheus.yml reads: a `node` label per target.
+    assert targets == [
+        {"targets": ["10.0.0.2:9846"], "labels": {"node": "gpu-node-02"}},
+        {"targets": ["localhost:9845"], "labels": {"node": "localhost"}},
+    ]
+
+
+def render_role_templates(tmp_path: Path, **variables: object) -> Path:
+    """Render the role's unit and config templates with ansible's own template module and the role's defaults."""
+    out = tmp_path / "rendered"
+    out.mkdir()
+    templates = ANSIBLE / "roles" / "gpuwatch" / "templates"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "vars_files": [str(ANSIBLE / "roles" / "gpuwatch" / "defaults" / "main.yml")],
+                    "tasks": [
+                        {
+                            "name": f"Render {name}",
+                            "ansible.builtin.template": {"src": str(templates / f"{name}.j2"), "dest": str(out / name)},
+                        }
+                        for name in ("gpuwatch.service", "config.toml")
+                    ],
+                }
+            ]
+        )
+    )
+    inventory = local_inventory(tmp_path)
+    extra = tmp_path / "extra-vars.json"  # extra vars: above the role defaults read by vars_files
+    extra.write_text(json.dumps(variables))
+    result = ansible(tmp_path, "ansible-playbook", "-i", str(inventory), str(playbook), "-e", f"@{extra}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_unit_template_with_defaults_is_the_shipped_unit(tmp_path: Path) -> None:
+    out = render_role_templates(tmp_path)
+    rendered = (out / "gpuwatch.service").read_text().split("\n", 1)[1]  # after "# Ansible managed"
+    assert rendered == (REPO / "systemd" / "gpuwatch.service").read_text()
+    assert load_config(out / "config.toml").agent.listen == ":9845"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_unit_template_with_options_verifies_and_config_loads(tmp_path: Path) -> None:
+    out = render_role_templates(
+        tmp_path,
+        gpuwatch_kernel_log=False,
+        gpuwatch_ipmi=True,
+        gpuwatch_expected_nvidia=8,
+        gpuwatch_power_limit_watts=600,
+        gpuwatch_web_config={"basic_auth_users": {"prometheus": "$2b$12$x"}},
+        gpuwatch_watchdog_sec=90,
+    )
+    unit = (out / "gpuwatch.service").read_text()
+    assert "DeviceAllow=char-ipmidev rw" in unit and "WatchdogSec=90s" in unit
+    assert "AmbientCapabilities=CAP_SYSLOG" not in unit and "ProtectKernelLogs=yes" in unit
+    root = install_root(tmp_path, unit, [])
+    result = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", "gpuwatch.service"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    config = load_config(out / "config.toml")
+    assert config.gpus.expected_nvidia == 8 and config.gpus.power_limit_watts == 600.0
+    assert config.xid.kernel_log == "" and config.agent.web_config == "/etc/gpuwatch/web-config.yml"
+
+
+def kube_documents() -> list[tuple[str, dict[str, object]]]:
+    docs = []
+    for path in sorted(KUBE.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs.append((path.name, doc))
+    return docs
+
+
+def test_kubernetes_manifests_match_the_schemas() -> None:
+    checked = set()
+    for name, doc in kube_documents():
+        if name in ("servicemonitor.yaml", "kustomization.yaml"):
+            continue  # a CRD and a kustomize file: not in the Kubernetes schemas
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        checked.add(doc["kind"])
+    assert {"Namespace", "ConfigMap", "DaemonSet", "Service"} <= checked
+
+
+def test_kubernetes_schema_check_rejects_a_typo() -> None:
+    """The validation above means something: a misspelt field fails it."""
+    daemonset = next(doc for name, doc in kube_documents() if name == "daemonset.yaml")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    container["livenesProbe"] = container.pop("livenessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
+
+
+def test_kubernetes_pieces_fit_together(tmp_path: Path) -> None:
+    docs = {doc["kind"]: doc for _, doc in kube_documents() if "kind" in doc}
+    ds, svc, sm, cm = docs["DaemonSet"], docs["Service"], docs["ServiceMonitor"], docs["ConfigMap"]
+    pod = ds["spec"]["template"]  # type: ignore[index]
+    container = pod["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "resources" not in container or "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()  # type: ignore[index]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()  # type: ignore[index]
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]  # type: ignore[index]
+    config = tmp_path / "config.toml"
+    config.write_text(cm["data"]["config.toml"])  # type: ignore[index]
+    loaded = load_config(config)
+    assert "probe" in loaded.agent.disable_collectors and loaded.xid.kernel_log == ""
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    assert all((KUBE / name).exists() for name in kustomization["resources"])
+
+
+@pytest.mark.parametrize(("name", "flags"), [("agent-remote-write.yml", ["--agent"]), ("federation.yml", [])])
+def test_large_fleet_examples_pass_promtool(name: str, flags: list[str], promtool: str) -> None:
+    path = REPO / "deploy" / "prometheus" / "remote-write" / name
+    result = subprocess.run([promtool, "check", "config", *flags, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_install_script_stages_a_node_and_is_idempotent(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable]
+    cmd += ["--source", str(REPO), "--extras", ""]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    config = root / "etc" / "gpuwatch" / "config.toml"
+    assert load_config(config).agent.listen == ":9845"
+    assert (root / "etc" / "systemd" / "system" / "gpuwatch.service").read_text() == (
+        REPO / "systemd" / "gpuwatch.service"
+    ).read_text()
+    version = subprocess.run(
+        [str(root / "opt" / "gpuwatch" / "bin" / "gpuwatch"), "version"], capture_output=True, text=True, timeout=60
+    )
+    assert version.returncode == 0 and "gpuwatch" in version.stdout, version.stderr
+
+    config.write_text(config.read_text() + "\n[gpus]\nexpected_nvidia = 8\n")  # the operator's edit
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert load_config(config).gpus.expected_nvidia == 8  # kept
