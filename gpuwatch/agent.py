@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
@@ -23,13 +23,20 @@ from prometheus_client import CollectorRegistry
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config, ConfigError, load_config, parse_listen
 from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.host.collectors import HostCollectors, HostSource, build_host_sources
 from gpuwatch.kmsg import KernelLogXidReader, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
 from gpuwatch.pci import count_pci_gpus
+from gpuwatch.probe.runner import agent_probe_runner
+from gpuwatch.sdnotify import ServiceNotifier
 from gpuwatch.statefile import KnownGpus, StateDirError, check_state_dir
 from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
+from gpuwatch.webconfig import apply_web_config
+
+if TYPE_CHECKING:
+    from gpuwatch.simulated.scenarios import SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,8 @@ class NodeSources:
     slots: list[BackendSlot]
     pci_gpu_counts: Callable[[], dict[str, int]]
     kernel_log: KernelLogXidReader | None
+    host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
+    probe_slowdown: dict[int, float] | None = None  # simulated node: the probe runs a simulated worker
 
 
 class Agent:
@@ -75,8 +84,10 @@ class Agent:
         reload_config: Callable[[], Config] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        notifier: ServiceNotifier | None = None,
     ) -> None:
         self.config = config
+        self._notifier = notifier or ServiceNotifier.from_environment()  # systemd: READY, WATCHDOG from poll_once
         self._sources = sources
         self._reload_config = reload_config
         self._clock = clock
@@ -91,6 +102,8 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwatchCollector(self.store))
+        self.host = HostCollectors(sources.host, self.store, monotonic=monotonic, clock=clock)
+        self.probe = agent_probe_runner(config, self.store, sources.probe_slowdown, clock)  # None when off
         self._update_expected()
 
     # --- life cycle ----------------------------------------------------------------------------------------
@@ -106,12 +119,17 @@ class Agent:
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
         app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()))
-        self._http = HttpServer(host, port, app)
+        app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78
+        self._http = HttpServer(host, port, app, wrap_socket)
         for slot in self._active_slots():
             self.store.register_collector(slot.name, self.config.agent.poll_interval_seconds)
+        self.host.register()
+        if self.probe is not None:
+            self.store.register_collector("probe", self.config.probe.interval_seconds)
         self._start_scheduler()
         self._start_event_threads()
         self._http.start()
+        self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
 
     def _check_state_dir(self) -> None:
@@ -132,6 +150,10 @@ class Agent:
             id="poll",
             next_run_time=None,
         )
+        self.host.add_jobs(scheduler)  # hwmon and ipmi: their own jobs and intervals, never on the scrape path
+        if self.probe is not None:  # first run one interval after start; never two at once
+            interval = self.config.probe.interval_seconds
+            scheduler.add_job(self.probe.run_scheduled, "interval", seconds=interval, id="probe")
         scheduler.start()
         # The first poll runs at once so the first scrape is complete.
         job = scheduler.get_job("poll")
@@ -156,7 +178,9 @@ class Agent:
         while not self._stop.wait(0.2):
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
+                self._notifier.reloading()
                 self.reload()
+                self._notifier.reloaded(f"configuration from {self.config.source}")
 
     def _on_stop_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
@@ -170,10 +194,13 @@ class Agent:
 
     def stop(self) -> None:
         """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
+        self._notifier.stopping()
         self._stop.set()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
+        if self.probe is not None:
+            self.probe.stop()  # SIGKILL any probe child still running
         if self._http is not None:
             self._http.stop()
             self._http = None
@@ -211,6 +238,7 @@ class Agent:
                 ok = False
             self.store.record_collector_run(slot.name, success=ok, duration_seconds=self._monotonic() - started)
         self._known.remember(self.store.identities().values())
+        self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
 
     def _poll_slot(self, slot: BackendSlot) -> bool:
         now = self._monotonic()
@@ -233,6 +261,8 @@ class Agent:
         if slow:
             slot.last_slow_poll = now
         self.store.record_poll(readings)
+        for uuid in getattr(backend, "reset_uuids", list)():  # AMD: reset counters exist from start-up at 0
+            self.store.ensure_resets_counter(uuid)
         return True
 
     def _open(self, slot: BackendSlot, now: float) -> Backend | None:
@@ -338,6 +368,10 @@ class Agent:
                 log.warning("agent.%s changed: takes effect after a restart", key)
         if old.simulated != new.simulated:
             log.warning("[simulated] changed: takes effect after a restart")
+        if old.probe != new.probe:
+            log.warning("[probe] changed: takes effect after a restart")
+        if old.host != new.host:
+            log.warning("[host] changed: takes effect after a restart")
         logging.getLogger().setLevel(new.agent.log_level.upper())
         self.config = new
         self.store.poll_interval_seconds = new.agent.poll_interval_seconds
@@ -356,24 +390,32 @@ def _now_local() -> Any:
     return datetime.now().astimezone()
 
 
-def build_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:
-    """Choose the backends this node needs (spec: only those whose GPUs are on the bus or that are configured)."""
+def build_sources(
+    config: Config, *, sysfs_root: Path = Path("/sys"), simulated_node: SimulatedNode | None = None
+) -> NodeSources:
+    """Choose the backends this node needs (spec: only those whose GPUs are on the bus or that are configured).
+
+    `simulated_node`: with the simulated backend, serve this node instead of one built from [simulated]
+    (simulate-fleet gives every node its own seed and per-GPU faults)."""
     backend = config.agent.backend
     if backend == "simulated":
-        return _simulated_sources(config)
+        return _simulated_sources(config, simulated_node)
     counts = count_pci_gpus(sysfs_root)
     slots: list[BackendSlot] = []
     wants_nvidia = backend == "nvml" or (
         backend == "auto" and (counts.get("nvidia", 0) > 0 or config.gpus.expected_nvidia)
     )
-    if backend == "amdsmi" or (backend == "auto" and (counts.get("amd", 0) > 0 or config.gpus.expected_amd)):
-        raise ConfigError(config.source, "agent.backend", "AMD GPUs need the amdsmi backend, not in this version yet")
     if wants_nvidia:
         slots.append(BackendSlot("nvml", "nvidia", _nvml_factory))
+    if backend == "amdsmi" or (backend == "auto" and (counts.get("amd", 0) > 0 or config.gpus.expected_amd)):
+        from gpuwatch.amd_wiring import amd_slot, nvidia_offset
+
+        nvml = slots[0] if slots else None
+        slots.append(amd_slot(nvidia_offset(lambda: count_pci_gpus(sysfs_root).get("nvidia", 0), nvml)))
     if not slots:
         log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
     kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
-    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log)
+    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config))
 
 
 def _nvml_factory() -> Backend:
@@ -382,18 +424,24 @@ def _nvml_factory() -> Backend:
     return NvmlBackend(load_pynvml())
 
 
-def _simulated_sources(config: Config) -> NodeSources:
+def _simulated_sources(config: Config, simulated_node: SimulatedNode | None = None) -> NodeSources:
     from gpuwatch.backends.nvml import NvmlBackend
+    from gpuwatch.simulated.host_sensors import simulated_host_sources
     from gpuwatch.simulated.nvml_lib import SimulatedNvml
     from gpuwatch.simulated.scenarios import SimulatedNode
 
     sim = config.simulated
-    if sim.vendor != "nvidia":
-        raise ConfigError(config.source, "simulated.vendor", "the simulated AMD node is not in this version yet")
-    node = SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
-    lib = SimulatedNvml(node)
-    slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
-    return NodeSources([slot], node.pci_gpu_counts, None)
+    node = simulated_node or SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
+    if node.vendor == "amd":
+        from gpuwatch.amd_wiring import simulated_amd_slot
+
+        slot = simulated_amd_slot(node)
+    else:
+        lib = SimulatedNvml(node)
+        slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+    sources = NodeSources([slot], node.pci_gpu_counts, None, simulated_host_sources(node, config))
+    sources.probe_slowdown = node.probe_slowdown
+    return sources
 
 
 def load_for_reload(path: Path | None, overrides: dict[str, dict[str, Any]]) -> Callable[[], Config]:

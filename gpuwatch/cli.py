@@ -43,11 +43,18 @@ def _scenario_help() -> str:
 def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
     parser.add_argument("--config", type=Path, help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
     parser.add_argument("--listen", help="HOST:PORT to serve on (default :9845)")
+    parser.add_argument("--web-config", metavar="PATH", help="TLS / basic auth file (exporter-toolkit web-config.yml)")
     parser.add_argument(
         "--state-dir", type=Path, help="where known GPUs are kept (default $STATE_DIRECTORY, else /var/lib/gpuwatch)"
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS)
     parser.add_argument("--poll-interval", type=float, metavar="SECONDS", help="fast poll interval (default 1)")
+    parser.add_argument(
+        "--probe-interval",
+        type=float,
+        metavar="SECONDS",
+        help="matmul probe interval (default 900; 10 in demo); 0 turns the probe off",
+    )
     if not demo:
         parser.add_argument("--backend", choices=BACKENDS, help="vendor library to use (default auto)")
         parser.add_argument(
@@ -91,7 +98,49 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--listen")
     check.add_argument("--state-dir", type=Path)
     sub.add_parser("version", help="versions of gpuwatch and the vendor libraries found")
+    _add_probe_parser(sub)
+    _add_fleet_parser(sub)
     return parser
+
+
+def _add_fleet_parser(sub: Any) -> None:
+    fleet = sub.add_parser(
+        "simulate-fleet",
+        help="serve N simulated agents on loopback and write a Prometheus file_sd targets file",
+        description="Serve N simulated agents on 127.0.0.1:P..P+N-1 and write a file_sd targets file (a `node` label "
+        "per target). --fault NODE=SCENARIO runs a scenario on a whole node; --fault NODE/GPU=SCENARIO gives one GPU "
+        "of a healthy node that scenario's fault. NODE is 0-based (or node-003). Scenarios: " + _scenario_help(),
+    )
+    fleet.add_argument("--nodes", type=int, required=True, metavar="N")
+    fleet.add_argument("--gpus", type=int, required=True, metavar="G", help="GPUs per node")
+    fleet.add_argument("--port-base", type=int, required=True, metavar="P", help="node i listens on P+i")
+    fleet.add_argument("--targets", type=Path, required=True, metavar="FILE", help="file_sd targets file to write")
+    fleet.add_argument("--vendor", choices=VENDORS, default="nvidia")
+    fleet.add_argument("--fault", action="append", default=[], metavar="NODE[/GPU]=SCENARIO", help="repeatable")
+    fleet.add_argument("--poll-interval", type=float, metavar="SECONDS", help="per node (default 5 in a fleet)")
+    fleet.add_argument("--state-dir", type=Path, help="per-node state dirs go under it (default: a temp dir)")
+    fleet.add_argument("--config", type=Path, help="a config file every node reads (e.g. [probe] settings)")
+    fleet.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    fleet.add_argument("--nodes-per-process", type=int, default=50, metavar="N", help="nodes per process (default 50)")
+
+
+def _add_probe_parser(sub: Any) -> None:
+    probe = sub.add_parser(
+        "probe",
+        help="run the matmul probe now and print the result beside the baseline",
+        description="Run the matmul probe now on the given GPUs (default: every idle one) and print each result "
+        "beside the GPU's baseline. Waits for, never overlaps, a probe the agent is running. Baselines change only "
+        "with --update-baseline or --reset-baseline. Exit 0 when every GPU probed ok, 1 otherwise, 69 when the "
+        "GPU backend or the state dir's lock files are unavailable.",
+    )
+    probe.add_argument("--gpu", type=int, action="append", default=[], metavar="N", help="GPU index (repeatable)")
+    probe.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    probe.add_argument("--update-baseline", action="store_true", help="let this result count toward the baseline")
+    probe.add_argument("--reset-baseline", action="store_true", help="forget the baseline; start over with this run")
+    probe.add_argument("--config", type=Path)
+    probe.add_argument("--backend", choices=BACKENDS)
+    probe.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks)")
+    _add_simulation_flags(probe)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -100,6 +149,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     simulated: dict[str, Any] = {}
     for flag, key in (
         ("listen", "listen"),
+        ("web_config", "web_config"),
         ("backend", "backend"),
         ("log_level", "log_level"),
         ("poll_interval", "poll_interval_seconds"),
@@ -116,6 +166,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if value is not None:
             simulated[flag] = value
     out: dict[str, dict[str, Any]] = {}
+    if getattr(args, "probe_interval", None) is not None:
+        out["probe"] = {"interval_seconds": args.probe_interval}
     if agent:
         out["agent"] = agent
     if simulated:
@@ -149,9 +201,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "version":
         return commands.version()
+    if args.command == "simulate-fleet":
+        from gpuwatch.simulated.fleet import simulate_fleet
+
+        return simulate_fleet(args)
     if args.command == "demo":
         overrides = _overrides(args)
         overrides.setdefault("agent", {})["backend"] = "simulated"
+        overrides.setdefault("probe", {}).setdefault("interval_seconds", 10.0)  # probe scenarios show within a minute
         if "state_dir" not in overrides["agent"]:
             overrides["agent"]["state_dir"] = str(Path(tempfile.gettempdir()) / f"gpuwatch-demo-{os.getuid()}")
         path = _config_path(args) if args.config else None
@@ -166,6 +223,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.snapshot(config, as_json=args.json)
     if args.command == "check":
         return commands.check(config)
+    if args.command == "probe":
+        from gpuwatch.probe.command import probe
+
+        if args.update_baseline and args.reset_baseline:
+            print("gpuwatch probe: --update-baseline and --reset-baseline exclude each other", file=sys.stderr)
+            return EXIT_USAGE
+        return probe(
+            config,
+            gpus=args.gpu,
+            as_json=args.json,
+            update_baseline=args.update_baseline,
+            reset_baseline=args.reset_baseline,
+        )
     raise AssertionError(args.command)
 
 

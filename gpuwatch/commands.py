@@ -15,6 +15,7 @@ from gpuwatch import __version__
 from gpuwatch.agent import BackendSlot, build_sources
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import Config, parse_listen
+from gpuwatch.host.report import check_host, host_json, print_host_table, read_host
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading
 from gpuwatch.statefile import StateDirError, check_state_dir
@@ -39,6 +40,10 @@ def version() -> int:
             backend.close()
     except BackendUnavailable as exc:
         print(f"  NVIDIA driver: {exc}")
+    from gpuwatch.amd_wiring import amd_versions
+
+    for name, value in amd_versions().items():
+        print(f"  {name}: {value}")
     return EXIT_OK
 
 
@@ -71,10 +76,13 @@ def _read_all(config: Config) -> tuple[list[GpuReading], dict[str, str]]:
 
 def snapshot(config: Config, *, as_json: bool) -> int:
     readings, problems = _read_all(config)
+    host, host_problems = read_host(build_sources(config).host)  # rails, supplies, temperatures, fans
     if as_json:
-        print(json.dumps({"gpus": [_reading_json(r) for r in readings], "backend_errors": problems}, indent=2))
+        document = {"gpus": [_reading_json(r) for r in readings], "backend_errors": problems}
+        print(json.dumps({**document, "host": host_json(host), "host_errors": host_problems}, indent=2))
     else:
         _print_table(readings, problems)
+        print_host_table(host, host_problems)
     return EXIT_OK if not problems else EXIT_UNAVAILABLE
 
 
@@ -139,11 +147,19 @@ def check(config: Config) -> int:
         report(readable, f"device {device}", "read/write" if readable else "no read/write access for this user")
     report(*_check_state_dir(config))
     report(*_check_port(config))
+    for level, what, detail in check_host(sources.host, config.agent.disable_collectors):
+        if level == "FAIL":
+            report(False, what, detail)
+        else:
+            print(f"[{level}] {what}: {detail}")
     if config.xid.kernel_log and config.agent.backend != "simulated":
         with KernelLogXidReader(Path(config.xid.kernel_log)) as reader:
             # Optional: the NVML event stream still delivers XIDs without it.
             state = "readable" if reader.available else reader.reason
             print(f"[{'ok' if reader.available else 'warn'}] kernel log {config.xid.kernel_log}: {state}")
+    from gpuwatch.probe.engines import describe_engines
+
+    print(describe_engines(config))  # optional: without an engine every probe is skipped_unsupported
     return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
 
 
@@ -156,8 +172,11 @@ def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
     try:
         gpus = len(backend.poll(slow=False))
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
+        mismatch = getattr(backend, "version_problem", lambda: None)()  # AMD: package vs host ROCm
     finally:
         backend.close()
+    if mismatch:
+        return False, f"backend {slot.name}", f"{gpus} GPU(s); {versions}; {mismatch}"
     return True, f"backend {slot.name}", f"{gpus} GPU(s); {versions}"
 
 

@@ -63,11 +63,44 @@ class XidSection:
 
 
 @dataclass(frozen=True, slots=True)
+class HostSection:
+    """Host power delivery and sensors (gpuwatch/host/): hwmon and the BMC."""
+
+    sysfs_root: str = "/sys"
+    sensor_maps: tuple[str, ...] = ()  # Super-I/O mapping files (deploy/sensor-maps/)
+    hwmon_interval_seconds: float = 5.0
+    ipmi: str = "auto"  # auto: when ipmitool and the BMC device are usable; on: their absence is an error; off
+    ipmitool: str = "ipmitool"
+    ipmi_device: str = "/dev/ipmi0"
+    ipmi_interval_seconds: float = 60.0
+    ipmi_timeout_seconds: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSection:
+    """The matmul probe (gpuwatch/probe/): when it runs and what it measures."""
+
+    interval_seconds: float = 900.0  # 0 turns the probe off
+    timeout_seconds: float = 60.0
+    engine: str = "auto"  # auto (CuPy when installed, else PyTorch), cupy, torch
+    dtype: str = "bf16"
+    matrix_size: int = 8192
+    warmup_min_seconds: float = 1.0
+    warmup_max_seconds: float = 3.0
+    measure_seconds: float = 1.0
+    copy_mib: int = 256
+    require_idle_node: bool = True
+    idle_utilization_ratio: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     simulated: SimulatedSection = field(default_factory=SimulatedSection)
     gpus: GpusSection = field(default_factory=GpusSection)
     xid: XidSection = field(default_factory=XidSection)
+    host: HostSection = field(default_factory=HostSection)
+    probe: ProbeSection = field(default_factory=ProbeSection)
     source: str = "defaults"
 
     @property
@@ -85,6 +118,8 @@ _SECTIONS: dict[str, type[Any]] = {
     "simulated": SimulatedSection,
     "gpus": GpusSection,
     "xid": XidSection,
+    "host": HostSection,
+    "probe": ProbeSection,
 }
 
 
@@ -146,6 +181,10 @@ def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
         if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
             raise ConfigError(source, key, "must be a list of strings")
         return tuple(value)
+    if text == str(bool):
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"must be true or false, got {value!r}")
+        return value
     if "float" in text:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(source, key, f"must be a number, got {value!r}")
@@ -196,6 +235,53 @@ def _validate(config: Config) -> None:
         gpus.power_limit_watts is None or 1 <= gpus.power_limit_watts <= 10000,
         "gpus.power_limit_watts",
         "must be between 1 and 10000 watts",
+    )
+    _validate_probe(config.probe, check)
+    _validate_host(config)
+
+
+def _validate_host(config: Config) -> None:
+    from gpuwatch.host.sensormap import SensorMapError, load_sensor_maps
+
+    host, src = config.host, config.source
+    if host.ipmi not in ("auto", "on", "off"):
+        raise ConfigError(src, "host.ipmi", "must be one of auto, on, off")
+    if not 0.5 <= host.hwmon_interval_seconds <= 3600:
+        raise ConfigError(src, "host.hwmon_interval_seconds", "must be between 0.5 and 3600 seconds")
+    if not 5 <= host.ipmi_interval_seconds <= 3600:
+        raise ConfigError(src, "host.ipmi_interval_seconds", "must be between 5 and 3600 seconds")
+    if not 1 <= host.ipmi_timeout_seconds < host.ipmi_interval_seconds:
+        raise ConfigError(src, "host.ipmi_timeout_seconds", "must be at least 1 s and below host.ipmi_interval_seconds")
+    try:
+        load_sensor_maps(host.sensor_maps)
+    except SensorMapError as exc:
+        raise ConfigError(src, "host.sensor_maps", str(exc)) from None
+
+
+def _validate_probe(probe: ProbeSection, check: Any) -> None:
+    check(
+        probe.interval_seconds == 0 or 1 <= probe.interval_seconds <= 7 * 86400,
+        "probe.interval_seconds",
+        "must be 0 (off) or between 1 second and a week",
+    )
+    check(1 <= probe.timeout_seconds <= 3600, "probe.timeout_seconds", "must be between 1 and 3600 seconds")
+    check(probe.engine in ("auto", "cupy", "torch"), "probe.engine", "must be one of auto, cupy, torch")
+    check(probe.dtype in ("bf16", "fp16", "fp32"), "probe.dtype", "must be one of bf16, fp16, fp32")
+    check(16 <= probe.matrix_size <= 65536, "probe.matrix_size", "must be between 16 and 65536")
+    check(0 <= probe.warmup_min_seconds <= 60, "probe.warmup_min_seconds", "must be between 0 and 60 seconds")
+    check(
+        probe.warmup_min_seconds <= probe.warmup_max_seconds <= 120,
+        "probe.warmup_max_seconds",
+        "must be at least probe.warmup_min_seconds and at most 120 seconds",
+    )
+    check(0.01 <= probe.measure_seconds <= 60, "probe.measure_seconds", "must be between 0.01 and 60 seconds")
+    check(0 <= probe.copy_mib <= 16384, "probe.copy_mib", "must be between 0 (no copies) and 16384 MiB")
+    check(0 <= probe.idle_utilization_ratio <= 1, "probe.idle_utilization_ratio", "must be a share between 0 and 1")
+    busy = probe.warmup_max_seconds + probe.measure_seconds
+    check(
+        probe.timeout_seconds > busy,
+        "probe.timeout_seconds",
+        f"must exceed warmup_max_seconds + measure_seconds ({busy:g} s) plus the engine's start-up",
     )
 
 

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from gpuwatch import __version__
 from gpuwatch.metrics import CATALOGUE
 from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.probe.results import export_interval, export_probe
 from gpuwatch.store import SampleStore, StoreSnapshot
 
 
@@ -64,6 +65,9 @@ class GpuwatchCollector(Collector):
                     out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
             if identity.uuid in snap.resets:
                 out.add("gpuwatch_gpu_reset_events_total", gpu, snap.resets[identity.uuid])
+            export_probe(gpu, identity.uuid, snap.probe, out)
+        export_interval(snap.probe, out)
+        _host(snap, out)
         yield from out
 
 
@@ -82,6 +86,21 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
             out.add("gpuwatch_collector_success", key, status.success)
             out.add("gpuwatch_collector_duration_seconds", key, status.duration_seconds)
             out.add("gpuwatch_collector_last_run_timestamp_seconds", key, status.last_run_timestamp)
+
+
+def _host(snap: StoreSnapshot, out: _Families) -> None:
+    """Host rails, supplies, temperatures and fans of every fresh host source (hwmon, ipmi)."""
+    for sample in snap.host:
+        for v in sample.voltages:
+            out.add("gpuwatch_host_voltage_volts", (v.chip, v.sensor), v.volts)
+            out.add("gpuwatch_host_voltage_nominal_volts", (v.chip, v.sensor), v.nominal_volts)
+            out.add("gpuwatch_host_voltage_min_volts", (v.chip, v.sensor), v.min_volts)
+        for psu in sample.psus:
+            out.add("gpuwatch_host_psu_up", (psu.psu,), psu.up)
+        for t in sample.temperatures:
+            out.add("gpuwatch_host_temperature_celsius", (t.chip, t.sensor), t.value)
+        for f in sample.fans:
+            out.add("gpuwatch_host_fan_rpm", (f.chip, f.sensor), f.value)
 
 
 def _info(identity: GpuIdentity, out: _Families) -> None:

@@ -105,3 +105,45 @@ class GpuEvent:
     timestamp: float  # unix time the event happened (kernel log time for XIDs read from the log)
     code: int | None = None  # the XID number
     source: str = "nvml"  # nvml, kmsg, amdsmi
+
+
+@dataclass(frozen=True, slots=True)
+class HostVoltage:
+    """One supply rail of the host (BMC sensor, PMBus output, mapped Super-I/O input), already in volts."""
+
+    chip: str  # unique on the node: nct6798-isa-0290, pmbus-i2c-7-58, ipmi
+    sensor: str
+    volts: float
+    nominal_volts: float | None = None
+    min_volts: float | None = None  # the lower critical threshold the chip or BMC declares
+    alarm: bool | None = None  # the chip's own low/critical alarm flag, where it has one
+
+
+@dataclass(frozen=True, slots=True)
+class HostReadingValue:
+    """A host temperature (°C) or fan speed (RPM) of one chip."""
+
+    chip: str
+    sensor: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostPsu:
+    """A power supply bay that was populated at least once: up = present and reporting no fault."""
+
+    psu: str
+    up: bool
+    states: str = ""  # the BMC's event states as it words them, for the snapshot and the logs
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """One read of one host source (hwmon or ipmi); empty on a machine without that source (VMs, cloud nodes)."""
+
+    source: str  # the collector: hwmon, ipmi
+    timestamp: float
+    voltages: tuple[HostVoltage, ...] = ()
+    psus: tuple[HostPsu, ...] = ()
+    temperatures: tuple[HostReadingValue, ...] = ()
+    fans: tuple[HostReadingValue, ...] = ()

@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample
+from gpuwatch.probe.results import ProbeBook, ProbeView
 
 # Two reports of the same XID on the same GPU from different sources (NVML event, kernel log) this close in time
 # are one event.
@@ -50,6 +51,8 @@ class StoreSnapshot:
     collectors: dict[str, CollectorStatus]
     gpus_expected: dict[str, int]
     configured_power_limit_watts: float | None
+    host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
+    probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -77,6 +80,8 @@ class SampleStore:
         self._collectors: dict[str, CollectorStatus] = {}
         self._expected: dict[str, int] = {}
         self.configured_power_limit_watts: float | None = None
+        self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
+        self._host: dict[str, tuple[HostSample, float]] = {}
 
     # --- writers -------------------------------------------------------------------------------------------
 
@@ -98,6 +103,11 @@ class SampleStore:
             status.last_run_timestamp = self._clock()
             if not success:
                 status.errors_total += 1
+
+    def record_host(self, sample: HostSample, interval_seconds: float) -> None:
+        """The latest read of a host source (hwmon, ipmi); served while younger than 3 of its intervals."""
+        with self._lock:
+            self._host[sample.source] = (sample, interval_seconds)
 
     def set_backend(self, name: str, up: bool, message: str = "") -> None:
         with self._lock:
@@ -183,8 +193,9 @@ class SampleStore:
 
     def snapshot(self) -> StoreSnapshot:
         with self._lock:
+            now = self._clock()
             return StoreSnapshot(
-                now=self._clock(),
+                now=now,
                 poll_interval_seconds=self.poll_interval_seconds,
                 identities=dict(self._identities),
                 samples=dict(self._samples),
@@ -201,4 +212,10 @@ class SampleStore:
                 },
                 gpus_expected=dict(self._expected),
                 configured_power_limit_watts=self.configured_power_limit_watts,
+                host=tuple(
+                    sample
+                    for _name, (sample, interval) in sorted(self._host.items())
+                    if now - sample.timestamp <= STALE_AFTER_POLLS * interval
+                ),
+                probe=self.probe.view(),
             )

@@ -24,6 +24,7 @@ HealthCheck = Callable[[], tuple[bool, str]]
 StatusPage = Callable[[], str]
 
 MAX_REQUEST_LINE = 8192
+CLIENT_TIMEOUT_SECONDS = 30.0  # a client that stalls mid-request loses its connection, not a thread forever
 
 
 class ListenError(Exception):
@@ -31,6 +32,8 @@ class ListenError(Exception):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CLIENT_TIMEOUT_SECONDS
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -39,6 +42,22 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    wrap_socket: Callable[[socket.socket], socket.socket] | None = None  # TLS (gpuwatch.webconfig)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Runs in the connection's own thread, so a slow or failing TLS handshake never blocks other scrapes."""
+        if self.wrap_socket is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            tls = self.wrap_socket(request)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            log.debug("TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            tls.close()
 
 
 def make_app(registry: CollectorRegistry, health: HealthCheck, status_page: StatusPage) -> Callable[..., Any]:
@@ -76,7 +95,13 @@ def _reply(
 class HttpServer:
     """Binds at construction (so a taken port is an immediate, clear error) and serves in a daemon thread."""
 
-    def __init__(self, host: str, port: int, app: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        app: Callable[..., Any],
+        wrap_socket: Callable[[socket.socket], socket.socket] | None = None,
+    ) -> None:
         server_class = _server_class_for(host, port)
         try:
             self._server = make_server(host or "", port, app, server_class, handler_class=_QuietHandler)
@@ -87,6 +112,7 @@ class HttpServer:
                 errno.EADDRNOTAVAIL: "this host has no such address; use ':PORT' to listen on all",
             }.get(exc.errno or 0, "check --listen")
             raise ListenError(f"cannot listen on {host or '*'}:{port}: {exc.strerror} ({hint})") from None
+        self._server.wrap_socket = wrap_socket
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

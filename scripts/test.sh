@@ -4,17 +4,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v alertmanager >/dev/null 2>&1; then
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1 \
+  || ! command -v chromium >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+    # chromium: the status page test renders the agent's landing page headless
+    # systemd: systemd-analyze verify/security check the shipped unit (no systemd as PID 1 needed)
+    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium systemd >/dev/null
   else
-    echo "scripts/test.sh: promtool is missing; run: sudo apt-get install prometheus prometheus-alertmanager" >&2
+    echo "scripts/test.sh: promtool is missing; run: sudo apt-get install prometheus prometheus-alertmanager chromium" >&2
     exit 1
   fi
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# The probe worker's real code runs on the CPU in CI: PyTorch's CPU build (this pin installs it from the local
+# package mirror; an unpinned torch would download a multi-GB CUDA build). Not in the dev extra for that reason.
+.venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 exec .venv/bin/python -m pytest -q "$@"

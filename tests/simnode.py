@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.agent import Agent, BackendSlot, NodeSources
+from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
 from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.simulated.amdsmi_lib import import_simulated_amdsmi
+from gpuwatch.simulated.host_sensors import simulated_host_sources
 from gpuwatch.simulated.nvml_lib import SimulatedNvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 START_WALL = 1_800_000_000.0
+
+
+def amd_backend(node: SimulatedNode, clock: Callable[[], float]) -> AmdSmiBackend:
+    return AmdSmiBackend(load_amdsmi(lambda: import_simulated_amdsmi(node)), clock=clock)
 
 
 class FakeClock:
@@ -37,20 +45,36 @@ class SimAgent:
         scenario: str = "healthy",
         gpus: int = 8,
         kernel_log: KernelLogXidReader | None = None,
+        probe: dict[str, object] | None = None,
+        vendor: str = "nvidia",
         **config: object,
     ) -> None:
         self.clock = FakeClock()
-        self.node = SimulatedNode(scenario=scenario, gpus=gpus, clock=self.clock.mono, wall_clock=self.clock.wall)
-        lib = SimulatedNvml(self.node)
-        self.slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=self.clock.wall))
-        overrides = {"agent": {"backend": "simulated", "state_dir": str(state_dir), **config}}
+        self.node = SimulatedNode(
+            scenario=scenario, gpus=gpus, vendor=vendor, clock=self.clock.mono, wall_clock=self.clock.wall
+        )
+        if vendor == "amd":  # the real AMD SMI backend over the simulated amdsmi module (its import may fail)
+            self.slot = BackendSlot("amdsmi", "amd", lambda: amd_backend(self.node, self.clock.wall))
+        else:
+            lib = SimulatedNvml(self.node)
+            self.slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=self.clock.wall))
+        overrides: dict[str, dict[str, object]] = {
+            "agent": {"backend": "simulated", "state_dir": str(state_dir), **config}
+        }
+        if probe is not None:
+            overrides["probe"] = probe
+        loaded = load_config(None, overrides)
+        host = simulated_host_sources(self.node, loaded, clock=self.clock.wall)  # hwmon + BMC, real readers
         self.agent = Agent(
-            load_config(None, overrides),
-            NodeSources([self.slot], self.node.pci_gpu_counts, kernel_log),
+            loaded,
+            NodeSources([self.slot], self.node.pci_gpu_counts, kernel_log, host, self.node.probe_slowdown),
             clock=self.clock.wall,
             monotonic=self.clock.mono,
         )
-        self.agent.store.register_collector("nvml", self.agent.config.agent.poll_interval_seconds)
+        self.agent.store.register_collector(self.slot.name, self.agent.config.agent.poll_interval_seconds)
+        self.agent.host.register()
+        if self.agent.probe is not None:
+            self.agent.store.register_collector("probe", self.agent.config.probe.interval_seconds)
         self._scraped: dict[tuple[str, frozenset[tuple[str, str]]], float] | None = None
 
     def run(self, seconds: float, step: float = 1.0) -> None:
@@ -58,9 +82,16 @@ class SimAgent:
         end = self.clock.elapsed + seconds
         while self.clock.elapsed < end:
             self.agent.poll_once()
+            self.agent.host.poll_due()
             self.agent.read_events_once(self.slot, 0.0)
             self.clock.elapsed += step
         self.clock.elapsed -= step  # scrape right after the last poll
+        self._scraped = None
+
+    def probe_round(self) -> None:
+        """One scheduled probe round now (real worker children; the fake clock stands still meanwhile)."""
+        assert self.agent.probe is not None, "the probe is off in this SimAgent"
+        self.agent.probe.run_scheduled()
         self._scraped = None
 
     def text(self) -> str:

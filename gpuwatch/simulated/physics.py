@@ -93,7 +93,9 @@ NVIDIA_H100 = VendorProfile(
     compute_capability=(9, 0),
 )
 
-# Plausible MI300X numbers for the AMD simulated library; AMD reports hotspot (junction) as the core sensor.
+# Plausible MI300X numbers for the AMD simulated library; AMD reports hotspot (junction) as the core sensor, which
+# runs hotter than an H100's core (80s-90s °C under load) against higher limits: hotspot critical 100 °C (slowdown),
+# emergency 110 °C (shutdown), VRAM critical 105 °C; 750 W cap, 192 GiB HBM3, 1300 MHz memory clock.
 AMD_MI300X = VendorProfile(
     vendor="amd",
     model="AMD Instinct MI300X",
@@ -107,18 +109,18 @@ AMD_MI300X = VendorProfile(
     power_limit_min_watts=0.0,
     power_limit_max_watts=750.0,
     temp_slowdown_celsius=100.0,
-    temp_shutdown_celsius=105.0,
+    temp_shutdown_celsius=110.0,
     temp_gpu_max_celsius=95.0,
-    temp_memory_max_celsius=95.0,
+    temp_memory_max_celsius=105.0,
     clock_max_mhz={"graphics": 2100, "sm": 2100, "memory": 1300, "video": 1580},
     clock_idle_mhz={"graphics": 132, "sm": 132, "memory": 900, "video": 29},
     clock_busy_mhz={"graphics": 1900, "sm": 1900, "memory": 1300, "video": 1580},
     idle_power_watts=140.0,
     idle_temp_celsius=38.0,
     idle_memory_temp_offset=2.0,
-    busy_temp_start_celsius=72.0,
-    busy_temp_end_celsius=84.0,
-    busy_memory_temp_offset=-10.0,
+    busy_temp_start_celsius=80.0,
+    busy_temp_end_celsius=90.0,
+    busy_memory_temp_offset=-12.0,
     pcie_max_generation=5,
     pcie_max_width=16,
     nvlink_links=7,

@@ -12,7 +12,7 @@ import hashlib
 import threading
 import time
 import uuid as uuid_module
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuwatch.model import THROTTLE_REASONS, Vendor
@@ -144,6 +144,28 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
     return plans
 
 
+# Scenarios that cannot be given to one GPU of a node: they are about the whole node or several GPUs.
+NODE_ONLY_SCENARIOS = frozenset({"mixed", "backend_down"})
+
+
+def with_gpu_scenarios(plans: list[GpuPlan], gpu_scenarios: Mapping[int, str]) -> list[GpuPlan]:
+    """Give single GPUs a scenario's fault: GPU `i` runs as that scenario's faulted GPU (a node-wide scenario's GPU
+    `i`), the rest of the node as in `plans`. Used by simulate-fleet's `--fault NODE/GPU=SCENARIO`."""
+    out = list(plans)
+    for index, scenario in gpu_scenarios.items():
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r} for GPU {index}; known: {', '.join(SCENARIOS)}")
+        if scenario in NODE_ONLY_SCENARIOS:
+            raise ValueError(f"scenario {scenario!r} is about a whole node and cannot be given to one GPU")
+        if not 0 <= index < len(plans):
+            raise ValueError(f"no GPU {index} on a node of {len(plans)} GPUs")
+        source = plans_for(scenario, max(len(plans), FAULT_GPU + 1))
+        info = SCENARIOS[scenario]
+        plan = source[index] if info.node_wide or info.fault_gpu is None else source[FAULT_GPU]
+        out[index] = replace(plan, idle_pcie_generation=plans[index].idle_pcie_generation)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """What a GPU is and what it can do: fixed for the life of the node."""
@@ -261,7 +283,8 @@ class SimulatedNode:
 
     `clock` gives elapsed time (monotonic seconds); `wall_clock` is read once at start, and unix timestamps are
     that start plus the elapsed time, so a fake `clock` drives both. `nvlink=True` gives every GPU NVLinks (the
-    H100 fixture's GPU had none usable: NVLink calls raise NotSupported by default).
+    H100 fixture's GPU had none usable: NVLink calls raise NotSupported by default). `gpu_scenarios` gives single
+    GPUs a scenario's fault on top of `scenario` (see with_gpu_scenarios).
     """
 
     def __init__(
@@ -274,12 +297,13 @@ class SimulatedNode:
         wall_clock: Callable[[], float] = time.time,
         *,
         nvlink: bool = False,
+        gpu_scenarios: Mapping[int, str] | None = None,
     ) -> None:
         if vendor not in PROFILES:
             raise ValueError(f"unknown vendor {vendor!r}; known: {', '.join(PROFILES)}")
         if gpus < 0:
             raise ValueError("gpus must be >= 0")
-        self._plans = plans_for(scenario, gpus)
+        self._plans = with_gpu_scenarios(plans_for(scenario, gpus), gpu_scenarios or {})
         self.scenario = scenario
         self.info = SCENARIOS[scenario]
         self.vendor: Vendor = "nvidia" if vendor == "nvidia" else "amd"
@@ -477,6 +501,12 @@ class SimulatedNode:
             self._changed.notify_all()
 
     # --- identity ---------------------------------------------------------------------------------------------
+    def _links(self) -> int:
+        """NVLinks when asked for; an MI300X platform always wires its GPUs together with XGMI (one per peer)."""
+        if self.nvlink:
+            return self.profile.nvlink_links
+        return min(self.profile.nvlink_links, self.gpu_count - 1) if self.vendor == "amd" else 0
+
     def _make_spec(self, index: int) -> GpuSpec:
         profile = self.profile
         digest = hashlib.sha256(f"gpuwatch-sim:{self.seed}:{self.vendor}:{index}".encode()).digest()
@@ -515,7 +545,7 @@ class SimulatedNode:
             pcie_max_generation=profile.pcie_max_generation,
             pcie_gpu_max_generation=profile.pcie_max_generation,
             pcie_max_width=profile.pcie_max_width,
-            nvlink_links=profile.nvlink_links if self.nvlink else 0,
+            nvlink_links=self._links(),
             compute_capability=profile.compute_capability,
         )
 
