@@ -138,7 +138,6 @@ def _poll(what: str, check: Callable[[], bool], deadline: float) -> None:
 class Outcome:
     hook: Webhook
     prometheus_firing: set[tuple[str, str, str]]
-    probe_served: bool
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -180,6 +179,9 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     fleet_cmd = [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", str(NODES), "--gpus", str(GPUS)]
     fleet_cmd += ["--port-base", str(base), "--targets", str(tmp / "targets.json"), "--poll-interval", "1"]
     fleet_cmd += ["--state-dir", str(tmp / "state")]
+    # A short probe interval so the slow GPU's baseline (5 probes) and its slowdown show within the test.
+    (tmp / "fleet.toml").write_text("[probe]\ninterval_seconds = 3.0\n")
+    fleet_cmd += ["--config", str(tmp / "fleet.toml")]
     for fault in FAULTS:
         fleet_cmd += ["--fault", fault]
     procs = [
@@ -228,13 +230,10 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
             lambda: {a[:3] for a in hook.alerts()} >= EXPECTED and prometheus_firing() >= INHIBITED,
             deadline,
         )
-        probe_q = _get(f"{prom_api}/query?query=count(gpuwatch_probe_flops)")["data"]["result"]
-        probe_served = bool(probe_q)
-        if probe_served:
-            _poll("the slow GPU's GpuUnderperforming", lambda: SLOW_GPU in {a[:3] for a in hook.alerts()}, deadline)
+        _poll("the slow GPU's GpuUnderperforming", lambda: SLOW_GPU in {a[:3] for a in hook.alerts()}, deadline)
         # Alertmanager sends a group again after group_interval: give inhibited alerts that chance to leak.
         time.sleep(5)
-        yield Outcome(hook, prometheus_firing(), probe_served)
+        yield Outcome(hook, prometheus_firing())
     finally:
         for proc in reversed(procs):
             _stop(proc)
@@ -245,7 +244,7 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
 
 def test_fleet_alerts_delivered_exactly(fleet_run: Outcome) -> None:
     delivered = fleet_run.hook.alerts()
-    expected = set(EXPECTED) | ({SLOW_GPU} if fleet_run.probe_served else set())
+    expected = set(EXPECTED) | {SLOW_GPU}
     assert {a[:3] for a in delivered} == expected
     severity = {"GpuOverheating": "critical", "GpuPowerBrakeSlowdown": "critical", "GpuLost": "critical"}
     severity |= {"GpuCountBelowExpected": "critical", "GpuUnderperforming": "warning"}
@@ -274,9 +273,4 @@ def test_descriptions_carry_the_values(fleet_run: Outcome) -> None:
 
 
 def test_slow_gpu_underperforming(fleet_run: Outcome) -> None:
-    if not fleet_run.probe_served:
-        pytest.skip(
-            "pending: the simulated fleet serves no probe metrics yet (the matmul probe, issue #4, is being built); "
-            "once it does, the fixture waits for GpuUnderperforming on node-004 GPU 1 and this test checks it"
-        )
     assert SLOW_GPU in {a[:3] for a in fleet_run.hook.alerts()}
