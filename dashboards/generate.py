@@ -313,8 +313,14 @@ ON_OFF = [
 
 
 def with_model(expr: str) -> str:
-    """Attach the GPU model from the info metric, joined on uuid: identity strings live only there."""
-    return f"{expr} * on(instance, uuid) group_left(model) gpuwatch_gpu_info"
+    """Attach the GPU model from the info metric, joined on uuid: identity strings live only there.
+
+    The expression is parenthesized (`*` binds tighter than `-` or `/`), and the info side reduced to one series per
+    GPU: two info series of one GPU (a driver upgrade) would otherwise be a many-to-many error."""
+    return (
+        f"({expr}) * on(instance, uuid) group_left(model) "
+        "topk by (instance, uuid) (1, group by (instance, uuid, model) (gpuwatch_gpu_info))"
+    )
 
 
 def per_gpu(expr: str) -> str:
@@ -572,12 +578,16 @@ def fleet_overview() -> dict[str, Any]:
     )
     b.timeseries(
         "Enforced power limit against default",
-        "Below 95 % (the line) the GPU runs underpowered: someone or something lowered its limit.",
+        "The enforced power limit against the configured limit (when set) or the default one, as the "
+        "GpuPowerLimitBelowDefault alert judges it. Below 95 % (the line) the GPU runs underpowered: someone or "
+        "something lowered its limit.",
         "percentunit",
         [
             Q(
                 f'max by (node, instance, gpu, uuid) (gpuwatch_gpu_power_limit_watts{{limit="enforced", {s}}}'
-                f' / on(instance, uuid) group_left gpuwatch_gpu_power_limit_watts{{limit="default", {s}}})',
+                " / on(instance, uuid) group_left() ("
+                f'max by (instance, uuid) (gpuwatch_gpu_power_limit_watts{{limit="configured", {s}}}) or '
+                f'max by (instance, uuid) (gpuwatch_gpu_power_limit_watts{{limit="default", {s}}})))',
                 FLEET_LEGEND,
             )
         ],

@@ -9,7 +9,8 @@
 #      that match the GPUs on the PCI bus (nvidia, amd);
 #   2. creates the system user `gpuwatch` (in the video/render groups that own /dev/kfd and /dev/dri/*);
 #   3. writes /etc/gpuwatch/config.toml (if absent), the unit /etc/systemd/system/gpuwatch.service and the drop-ins
-#      this node needs (IPMI when /dev/ipmi0 exists, nvidia-uvm when nvidia-modprobe exists);
+#      this node needs (IPMI when /dev/ipmi0 exists, nvidia-uvm + gpuwatch-nvidia-uvm.service when nvidia-modprobe
+#      exists);
 #   4. systemctl daemon-reload, enable --now (restart on an upgrade).
 # Options: --source SPEC (pip requirement or path; default: this checkout), --extras LIST (default: detected),
 #   --root DIR (stage into DIR instead of /, for packaging and tests; implies --no-start --no-user),
@@ -135,6 +136,9 @@ if [ -e "$root/dev/ipmi0" ] || { [ -z "$root" ] && [ -e /dev/ipmi0 ]; }; then
   [ -z "$root" ] && command -v udevadm >/dev/null && udevadm trigger --subsystem-match=ipmi || true
 fi
 if [ -x "$root/usr/bin/nvidia-modprobe" ] || { [ -z "$root" ] && [ -x /usr/bin/nvidia-modprobe ]; }; then
+  # nvidia_uvm must be loaded before the agent's DeviceAllow=char-nvidia* is resolved: a oneshot unit outside its
+  # sandbox does it (systemd/gpuwatch-nvidia-uvm.service), pulled in by the drop-in.
+  install -m 0644 "$repo/systemd/gpuwatch-nvidia-uvm.service" "$root/etc/systemd/system/gpuwatch-nvidia-uvm.service"
   install -m 0644 "$repo/systemd/drop-ins/nvidia-uvm.conf" "$dropins/nvidia-uvm.conf"
 fi
 

@@ -6,6 +6,7 @@ hung vendor call delays only the next poll — never a scrape, which reads the s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import signal
@@ -24,7 +25,7 @@ from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config, ConfigError, load_config, parse_listen
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.host.collectors import HostCollectors, HostSource, build_host_sources
-from gpuwatch.kmsg import KernelLogXidReader, normalize_pci_bus_id
+from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
 from gpuwatch.pci import count_pci_gpus
 from gpuwatch.probe.runner import agent_probe_runner
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
 STOP_GRACE_SECONDS = 1.5
+MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI address is known
 
 
 class StartupError(Exception):
@@ -100,6 +102,7 @@ class Agent:
         self._scheduler: BackgroundScheduler | None = None
         self._http: HttpServer | None = None
         self._threads: list[threading.Thread] = []
+        self._unmatched_xids: list[KernelXid] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwatchCollector(self.store))
         self.host = HostCollectors(sources.host, self.store, monotonic=monotonic, clock=clock)
@@ -115,6 +118,9 @@ class Agent:
 
     def start(self) -> None:
         """Claim what the agent cannot run without (state dir, port), then start polling and serving."""
+        problem = self._watchdog_problem(self.config)
+        if problem is not None:  # exit 78 before anything starts, not a watchdog restart loop with no hint
+            raise ConfigError(str(self.config.source), "agent.poll_interval_seconds", problem)
         self._check_state_dir()
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
@@ -126,11 +132,25 @@ class Agent:
         self.host.register()
         if self.probe is not None:
             self.store.register_collector("probe", self.config.probe.interval_seconds)
+            self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
         self._start_scheduler()
         self._start_event_threads()
         self._http.start()
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
+
+    def _watchdog_problem(self, config: Config) -> str | None:
+        """Why systemd's watchdog would kill this agent between polls, or None (pings follow each poll only)."""
+        watchdog = self._notifier.watchdog_seconds
+        poll = config.agent.poll_interval_seconds
+        if watchdog is None or poll <= watchdog / 2:
+            return None
+        return (
+            f"{poll:g} s exceeds half the systemd watchdog period "
+            f"(WatchdogSec={watchdog:g}s, from $WATCHDOG_USEC): the agent pings the watchdog after each poll, so "
+            f"systemd would kill and restart it between polls; set agent.poll_interval_seconds to at most "
+            f"{watchdog / 2:g} or raise WatchdogSec= above {2 * poll:g}s in a drop-in (systemctl edit gpuwatch)"
+        )
 
     def _check_state_dir(self) -> None:
         try:
@@ -252,7 +272,9 @@ class Agent:
         slow = now - slot.last_slow_poll >= self.config.agent.slow_poll_interval_seconds
         try:
             readings = backend.poll(slow=slow)
-        except BackendUnavailable as exc:
+        except Exception as exc:  # BackendUnavailable, or a bug: reopen with backoff rather than fail every poll
+            if not isinstance(exc, BackendUnavailable):
+                log.exception("%s poll failed unexpectedly; reopening the library", slot.name)
             self._backend_failed(slot, now, str(exc))
             with slot.lock:
                 backend.close()
@@ -328,11 +350,16 @@ class Agent:
         self.store.add_events(events)
 
     def _kernel_xids(self, reader: KernelLogXidReader) -> list[GpuEvent]:
+        """Kernel-log XIDs mapped to GPUs; those of a GPU not known yet (NVML still opening, or down) wait for it."""
         events = []
-        for xid in reader.read_new():
+        waiting: list[KernelXid] = []
+        for xid in [*self._unmatched_xids, *reader.read_new()]:
             identity = self.store.identity_by_pci(normalize_pci_bus_id(xid.pci_bus_id), normalize_pci_bus_id)
-            if identity is not None:
+            if identity is None:
+                waiting.append(xid)
+            else:
                 events.append(GpuEvent(identity.uuid, "xid", xid.timestamp, code=xid.xid, source="kmsg"))
+        self._unmatched_xids = waiting[-MAX_UNMATCHED_XIDS:]
         return events
 
     # --- health and reload ---------------------------------------------------------------------------------
@@ -362,10 +389,23 @@ class Agent:
         except ConfigError as exc:
             log.error("configuration not reloaded, keeping the running one: %s", exc)
             return
+        problem = self._watchdog_problem(new)
+        if problem is not None:
+            log.error("configuration not reloaded, keeping the running one: agent.poll_interval_seconds: %s", problem)
+            return
         old = self.config
-        for key in ("listen", "web_config", "backend", "state_dir"):
+        restart_only = ("listen", "web_config", "backend", "state_dir", "disable_collectors")
+        for key in restart_only:
             if getattr(old.agent, key) != getattr(new.agent, key):
                 log.warning("agent.%s changed: takes effect after a restart", key)
+        if old.xid != new.xid:
+            log.warning("[xid] changed: takes effect after a restart")
+        # Keep what the running sockets, backends and threads were built from, so the agent stays consistent.
+        new = dataclasses.replace(
+            new,
+            agent=dataclasses.replace(new.agent, **{key: getattr(old.agent, key) for key in restart_only}),
+            xid=old.xid,
+        )
         if old.simulated != new.simulated:
             log.warning("[simulated] changed: takes effect after a restart")
         if old.probe != new.probe:

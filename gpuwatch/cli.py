@@ -23,6 +23,7 @@ from gpuwatch.config import (
     Config,
     ConfigError,
     load_config,
+    parse_listen,
 )
 from gpuwatch.metrics import COLLECTORS
 
@@ -210,7 +211,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides.setdefault("agent", {})["backend"] = "simulated"
         overrides.setdefault("probe", {}).setdefault("interval_seconds", 10.0)  # probe scenarios show within a minute
         if "state_dir" not in overrides["agent"]:
-            overrides["agent"]["state_dir"] = str(Path(tempfile.gettempdir()) / f"gpuwatch-demo-{os.getuid()}")
+            overrides["agent"]["state_dir"] = str(
+                Path(tempfile.gettempdir()) / f"gpuwatch-demo-{os.getuid()}-{config_vendor(args)}"
+            )  # per vendor: the known GPUs of one simulated node are not another's lost ones
         path = _config_path(args) if args.config else None
         config = load_config(path, overrides)
         return _run_agent(config, path, overrides, announce=True)
@@ -239,6 +242,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def config_vendor(args: argparse.Namespace) -> str:
+    return str(getattr(args, "vendor", None) or "nvidia")
+
+
 def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str, Any]], *, announce: bool) -> int:
     from gpuwatch.agent import Agent, StartupError, build_sources, load_for_reload
     from gpuwatch.web import ListenError
@@ -254,8 +261,10 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
     if announce:
         scenario = config.simulated.scenario
         print(f"gpuwatch demo: simulated {config.simulated.gpus}-GPU node, scenario {scenario!r}", flush=True)
-        print(f"  metrics:     http://127.0.0.1:{agent.port}/metrics", flush=True)
-        print(f"  status page: http://127.0.0.1:{agent.port}/", flush=True)
+        host = parse_listen(config.agent.listen)[0]
+        shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
+        print(f"  metrics:     http://{shown}:{agent.port}/metrics", flush=True)
+        print(f"  status page: http://{shown}:{agent.port}/", flush=True)
         print("  stop with Ctrl-C", flush=True)
     agent.run_until_signalled()
     agent.stop()

@@ -160,7 +160,26 @@ def check(config: Config) -> int:
     from gpuwatch.probe.engines import describe_engines
 
     print(describe_engines(config))  # optional: without an engine every probe is skipped_unsupported
+    for line in _uncapped_baselines(config):
+        print(line)
     return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
+
+
+def _uncapped_baselines(config: Config) -> list[str]:
+    """A [warn] line per GPU whose probe baseline comes from probes that never reached the power limit."""
+    from gpuwatch.probe.baseline import Baselines
+
+    try:
+        baselines = Baselines(config.state_dir).load()
+    except Exception:  # a state dir this user cannot read: the state dir line already says so
+        return []
+    return [
+        f"[warn] probe baseline of GPU {uuid}: taken from probes that never reached the power limit within "
+        f"probe.warmup_max_seconds = {config.probe.warmup_max_seconds:g} (uncapped; slow-GPU detection compares "
+        "uncapped probes only)"
+        for uuid, baseline in sorted(baselines.items())
+        if baseline.key.uncapped and baseline.flops is not None
+    ]
 
 
 def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
@@ -173,6 +192,8 @@ def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
         gpus = len(backend.poll(slow=False))
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
         mismatch = getattr(backend, "version_problem", lambda: None)()  # AMD: package vs host ROCm
+    except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
+        return False, f"backend {slot.name}", f"opened, then failed: {exc}"
     finally:
         backend.close()
     if mismatch:

@@ -85,8 +85,8 @@ class ProbeSection:
     engine: str = "auto"  # auto (CuPy when installed, else PyTorch), cupy, torch
     dtype: str = "bf16"
     matrix_size: int = 8192
-    warmup_min_seconds: float = 1.0
-    warmup_max_seconds: float = 3.0
+    warmup_min_seconds: float = 0.5
+    warmup_max_seconds: float = 1.5
     measure_seconds: float = 1.0
     copy_mib: int = 256
     require_idle_node: bool = True
@@ -227,6 +227,9 @@ def _validate(config: Config) -> None:
         raise ConfigError(src, "agent.listen", str(exc)) from None
     sim = config.simulated
     check(sim.vendor in VENDORS, "simulated.vendor", f"must be one of {', '.join(VENDORS)}")
+    from gpuwatch.simulated.scenarios import SCENARIOS  # the simulator's own list: one place for the names
+
+    check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
     check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
     gpus = config.gpus
     for key, value in (("gpus.expected_nvidia", gpus.expected_nvidia), ("gpus.expected_amd", gpus.expected_amd)):

@@ -54,17 +54,19 @@ class GpuwatchCollector(Collector):
             _info(identity, out)
             sample = snap.fresh(identity.uuid)
             out.add("gpuwatch_gpu_up", gpu, sample is not None)
+            # Events, not readings: an XID 79 or a reset usually comes with the GPU going lost, and must stay seen.
+            for (uuid, xid), count in sorted(snap.xids.items()):
+                if uuid == identity.uuid:
+                    out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
+                    out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
+            resets = snap.resets.get(identity.uuid)
+            if resets is not None and (sample is not None or resets > 0):  # a lost GPU keeps only real events
+                out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
             if sample is None:
                 continue
             _readings(gpu, sample, snap.configured_power_limit_watts, out)
             for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
                 out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
-            for (uuid, xid), count in sorted(snap.xids.items()):
-                if uuid == identity.uuid:
-                    out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
-                    out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
-            if identity.uuid in snap.resets:
-                out.add("gpuwatch_gpu_reset_events_total", gpu, snap.resets[identity.uuid])
             export_probe(gpu, identity.uuid, snap.probe, out)
         export_interval(snap.probe, out)
         _host(snap, out)
@@ -85,7 +87,9 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
         if status.success is not None:
             out.add("gpuwatch_collector_success", key, status.success)
             out.add("gpuwatch_collector_duration_seconds", key, status.duration_seconds)
-            out.add("gpuwatch_collector_last_run_timestamp_seconds", key, status.last_run_timestamp)
+        # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
+        last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
+        out.add("gpuwatch_collector_last_run_timestamp_seconds", key, last_run)
 
 
 def _host(snap: StoreSnapshot, out: _Families) -> None:

@@ -24,6 +24,7 @@ BENIGN_REASONS = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks", "
 HOT_MARGIN_CELSIUS = 5.0  # "hot" this close to the slowdown threshold (the GpuTemperatureHigh rule's margin)
 POWER_CAPPED_RATIO = 0.95  # the GpuPowerLimitBelowDefault rule's threshold
 SLOW_PROBE_RATIO = 0.90  # the GpuUnderperforming rule's threshold
+PROBE_FRESH_INTERVALS = 2  # a probe result older than this many probe intervals judges nothing (the rules' freshness)
 REFRESH_SECONDS = 10
 
 _STYLE = """
@@ -85,14 +86,18 @@ def health_flags(view: GpuView) -> list[Flag]:
         flags.append(Flag("warn", f"power-capped: limit {enforced:.0f} W, {which} {reference:.0f} W"))
     if s.power_supply_undersized:
         flags.append(Flag("bad", "power supply undersized"))
-    ratio = _probe_ratio(view)
-    peers = _peer_ratio(view)
+    fresh = _probe_fresh(view, view.identity.uuid)
+    ratio = _probe_ratio(view) if fresh else None
+    peers = _peer_ratio(view) if fresh else None
     if ratio is not None and ratio < SLOW_PROBE_RATIO:
         flags.append(Flag("warn", f"slow probe: {ratio:.0%} of its baseline"))
     elif peers is not None and peers < SLOW_PROBE_RATIO:
         flags.append(Flag("warn", f"slow probe: {peers:.0%} of the median of this node's {view.identity.model}s"))
-    if s.ecc_errors_total.get("uncorrected") or s.ecc_errors_total.get("deferred"):
-        flags.append(Flag("bad", "uncorrectable ECC errors"))
+    # A lifetime count: it never goes down, so it is a warning to look at, not a red flag forever (the
+    # GpuEccUncorrectable alert judges its growth).
+    uncorrectable = (s.ecc_errors_total.get("uncorrected") or 0) + (s.ecc_errors_total.get("deferred") or 0)
+    if uncorrectable:
+        flags.append(Flag("warn", f"{uncorrectable:.0f} uncorrectable ECC errors (lifetime count)"))
     if s.row_remap_failed:
         flags.append(Flag("bad", "row remap failed"))
     elif s.row_remap_pending:
@@ -114,6 +119,15 @@ def _probe_view(snap: StoreSnapshot) -> ProbeView | None:
     return probe if isinstance(probe, ProbeView) else None
 
 
+def _probe_fresh(view: GpuView, uuid: str) -> bool:
+    """Whether the GPU's last successful probe is younger than PROBE_FRESH_INTERVALS probe intervals."""
+    probe = _probe_view(view.snap)
+    outcome = probe.last_ok.get(uuid) if probe is not None else None
+    if probe is None or outcome is None:
+        return False
+    return view.snap.now - outcome.timestamp <= PROBE_FRESH_INTERVALS * probe.interval_seconds
+
+
 def _peer_ratio(view: GpuView) -> float | None:
     """The last successful probe over the median of the node's GPUs of the same model and dtype (at least 3): a GPU
     can be slow from its first probe on, and then its own baseline is slow too."""
@@ -128,6 +142,7 @@ def _peer_ratio(view: GpuView) -> float | None:
         and o.measured.dtype == mine.measured.dtype
         and (ident := view.snap.identities.get(uuid)) is not None
         and ident.model == view.identity.model
+        and _probe_fresh(view, uuid)
     ]
     if len(peers) < 3:
         return None
@@ -304,8 +319,9 @@ def render_status_page(snap: StoreSnapshot) -> str:
 </table>
 <p><small>hot: within {HOT_MARGIN_CELSIUS:.0f} °C of the GPU's own slowdown threshold · power-capped: enforced limit
 below {POWER_CAPPED_RATIO:.0%} of the configured (else default) limit · slow probe: below {SLOW_PROBE_RATIO:.0%} of the
-GPU's own baseline or of the median of the node's GPUs of its model · normal throttle reasons (idle, power cap
-under load) are grey.</small></p>
+GPU's own baseline or of the median of the node's GPUs of its model, judged only on a probe younger than
+{PROBE_FRESH_INTERVALS} probe intervals · uncorrectable ECC errors: a lifetime count · normal throttle reasons
+(idle, power cap under load) are grey.</small></p>
 </body></html>"""
 
 

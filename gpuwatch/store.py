@@ -27,6 +27,7 @@ class CollectorStatus:
     duration_seconds: float = 0.0
     last_run_timestamp: float | None = None
     errors_total: int = 0
+    registered_timestamp: float | None = None  # when the agent started it: the age of a first run that never ends
 
 
 @dataclass(slots=True)
@@ -93,7 +94,10 @@ class SampleStore:
 
     def register_collector(self, name: str, interval_seconds: float) -> None:
         with self._lock:
-            self._collectors.setdefault(name, CollectorStatus(interval_seconds)).interval_seconds = interval_seconds
+            status = self._collectors.setdefault(name, CollectorStatus(interval_seconds))
+            status.interval_seconds = interval_seconds
+            if status.registered_timestamp is None:
+                status.registered_timestamp = self._clock()
 
     def record_collector_run(self, name: str, *, success: bool, duration_seconds: float) -> None:
         with self._lock:
@@ -206,7 +210,12 @@ class SampleStore:
                 backends=dict(self._backends),
                 collectors={
                     name: CollectorStatus(
-                        s.interval_seconds, s.success, s.duration_seconds, s.last_run_timestamp, s.errors_total
+                        s.interval_seconds,
+                        s.success,
+                        s.duration_seconds,
+                        s.last_run_timestamp,
+                        s.errors_total,
+                        s.registered_timestamp,
                     )
                     for name, s in self._collectors.items()
                 },

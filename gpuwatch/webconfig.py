@@ -333,7 +333,10 @@ class BasicAuth:
         for name, value in self._users.items():
             if hmac.compare_digest(name.encode(), user.encode()):
                 hashed, known = value, True
-        ok = bcrypt.checkpw(password.encode(), hashed) and known
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed) and known
+        except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes: a wrong password, never a 500
+            ok = False
         with self._lock:
             if len(self._cache) >= AUTH_CACHE_SIZE:
                 self._cache.clear()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import free_port
-from dashboard_queries import REPO, PanelQuery, queries, substitute
+from dashboard_queries import REPO, PanelQuery, dashboards, panels, queries, substitute
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3
@@ -184,3 +184,29 @@ def test_fleet_table_finds_the_faulted_gpus(prometheus_url: str) -> None:
     worst = min(closest, key=lambda r: float(r["value"][1]))
     assert (worst["metric"]["node"], worst["metric"]["gpu"]) == ("node-000", "2")
     assert float(worst["value"][1]) <= 0  # at or past its own slowdown threshold
+
+
+def test_every_query_of_a_table_returns_the_same_labels(prometheus_url: str) -> None:
+    """A table merges its queries on their labels: a query whose rows lack one (say `model`) is not joined but
+    shown as rows of its own — each GPU twice. So every query of one table must return one and the same label set."""
+    tables: dict[tuple[str, str], list[PanelQuery]] = {}
+    for board_name, board in dashboards().items():
+        for panel in panels(board):
+            if panel.get("type") == "table" and len(panel.get("targets", [])) > 1:
+                tables[(board_name, panel["title"])] = [
+                    PanelQuery(board_name, panel["title"], t["refId"], t["expr"]) for t in panel["targets"]
+                ]
+    assert tables, "no table merges several queries: this test would prove nothing"
+    for (board_name, title), table_queries in tables.items():
+        labels: dict[str, set[frozenset[str]]] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            labels = {
+                q.ref_id: {frozenset(r["metric"]) - {"__name__"} for r in _query(prometheus_url, substitute(q.expr))}
+                for q in table_queries
+            }
+            if all(labels.values()):
+                break
+            time.sleep(2)
+        every = {names for sets in labels.values() for names in sets}
+        assert len(every) == 1, f"{board_name} / {title}: the queries return different labels: {labels}"

@@ -39,8 +39,9 @@ def test_faults_by_number_and_name() -> None:
     assert plan.gpu_scenarios_of(3) == {1: "gpu_lost"}
     with pytest.raises(FleetError, match="two scenarios"):
         make_plan(nodes=4, gpus=4, port_base=20000, faults=["1=busy", "1=xid"])
-    with pytest.raises(FleetError, match="AMD"):
-        make_plan(nodes=1, gpus=1, port_base=20000, vendor="amd")
+    assert make_plan(nodes=1, gpus=1, port_base=20000, vendor="amd").vendor == "amd"
+    with pytest.raises(FleetError, match="expected nvidia or amd"):
+        make_plan(nodes=1, gpus=1, port_base=20000, vendor="intel")
 
 
 def test_a_gpu_scenario_faults_only_that_gpu() -> None:
@@ -66,10 +67,12 @@ def _free_base(n: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def test_fleet_in_several_processes_serves_every_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_fleet_in_several_processes_serves_every_node(tmp_path: Path, vendor: str) -> None:
     base = _free_base(3)
     targets = tmp_path / "targets.json"
     cmd = [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", "3", "--gpus", "2", "--port-base", str(base)]
+    cmd += ["--vendor", vendor]
     cmd += ["--targets", str(targets), "--nodes-per-process", "2", "--state-dir", str(tmp_path / "state")]
     cmd += ["--fault", "1/1=gpu_lost"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -87,6 +90,7 @@ def test_fleet_in_several_processes_serves_every_node(tmp_path: Path) -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/metrics", timeout=10) as r:
                 text = r.read().decode()
             uuids |= {line.split('uuid="')[1].split('"')[0] for line in text.splitlines() if "gpuwatch_gpu_up{" in line}
+            assert f'vendor="{vendor}"' in text
         assert len(uuids) == 6, "every GPU of the fleet has its own UUID"
     finally:
         proc.send_signal(signal.SIGTERM)

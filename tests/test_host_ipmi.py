@@ -43,9 +43,8 @@ def test_supermicro_rails_with_the_bmc_lower_critical_and_nominal_from_the_name(
         "5VSB": (5.052, 5.0, 4.39),
         "3.3VSB": (3.384, 3.3, 2.882),
         "1.8V PCH": (1.818, 1.8, 1.575),
-        "PVNN PCH": (0.927, None, 0.792),
         "1.05V PCH": (1.066, 1.05, 0.9),
-    }  # Vcpu1/2, VDimm*, VBAT (discrete on this BMC) are not supply rails
+    }  # Vcpu1/2, VDimm*, VBAT (discrete on this BMC), PVNN (the PCH's VNN rail) are not supply rails
 
 
 def test_supermicro_temperatures_and_fans_skip_unreadable_sensors() -> None:
@@ -177,3 +176,21 @@ def test_usable_says_what_is_missing(tmp_path: Path) -> None:
     tool = fake_ipmitool(tmp_path, "")
     ok, why = IpmiReader(ipmitool=str(tool), device=tmp_path / "ipmi0").usable()
     assert not ok and "no " + str(tmp_path / "ipmi0") in why
+
+
+def test_a_negative_rail_keeps_its_sign() -> None:
+    """A healthy -12 V rail reads -12.05: its nominal is -12, never 12 (which made HostPsuRailUndervoltage fire)."""
+    from gpuwatch.host.rails import nominal_from_name
+
+    assert [nominal_from_name(n) for n in ("-12V", "N12V", "12V NEG", "-5V", "+12V", "P12V", "12V")] == [
+        -12.0,
+        -12.0,
+        -12.0,
+        -5.0,
+        12.0,
+        12.0,
+        12.0,
+    ]
+    text = "-12V | -12.050 | Volts | ok | na | -13.200 | na | na | -10.800 | na\n"
+    voltages, _, _ = readings_from_sensors(parse_sensor_list(text))
+    assert [(v.sensor, v.volts, v.nominal_volts) for v in voltages] == [("-12V", -12.05, -12.0)]

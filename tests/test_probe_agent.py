@@ -45,3 +45,41 @@ def test_the_agent_probes_on_its_schedule(tmp_path: Path, scenario: str, result:
         if agent.proc.poll() is None:
             agent.proc.kill()
             agent.proc.communicate()
+
+
+def test_persisted_baselines_are_exported_from_start_up_not_after_the_first_probe(tmp_path: Path) -> None:
+    """A restart must not blank gpuwatch_probe_baseline_flops for a whole probe interval."""
+    from gpuwatch.probe.baseline import PROBES_TO_ESTABLISH, BaselineKey, Baselines
+
+    agent = Agent(tmp_path, "--probe-interval", "3600")
+    try:
+        agent.wait_ready()
+        text = agent.metrics()
+        gpu0 = {
+            "gpu": "0",
+            "uuid": next(
+                line.split('uuid="')[1].split('"')[0]
+                for line in text.splitlines()
+                if line.startswith("gpuwatch_gpu_up{") and 'gpu="0"' in line
+            ),
+        }
+        assert "gpuwatch_probe_baseline_flops{" not in text
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.communicate()
+    key = BaselineKey("bf16", "8192x8192x8192", "simulated", "1", "simulated", "580.1", 700.0)
+    for _ in range(PROBES_TO_ESTABLISH):
+        Baselines(agent.state_dir).observe(gpu0["uuid"], key, 690e12, steady=True, mode="agent", timestamp=1.0)
+    restarted = Agent(tmp_path, "--probe-interval", "3600")  # the first probe round is an hour away
+    try:
+        restarted.wait_ready()
+        text = restarted.metrics()
+        assert value(text, "gpuwatch_probe_baseline_flops", dtype="bf16", **gpu0) == 690e12
+        assert value(text, "gpuwatch_probe_runs_total", result="ok", **gpu0) == 0.0  # no probe ran yet
+        assert restarted.stop()[0] == 0
+    finally:
+        if restarted.proc.poll() is None:
+            restarted.proc.kill()
+            restarted.proc.communicate()

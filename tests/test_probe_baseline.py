@@ -85,3 +85,60 @@ def test_a_foreign_file_and_a_malformed_entry_are_reported_not_fatal(tmp_path: P
     (tmp_path / BASELINES_FILE).write_text(json.dumps(doc))
     assert Baselines(tmp_path).load() == {}
     assert "malformed baseline" in caplog.text
+
+
+def uncapped(b: Baselines, values: list[float], *, mode: str = "agent"):  # type: ignore[no-untyped-def]
+    result, note = None, ""
+    for v in values:
+        result, note = b.observe(UUID, KEY, v, steady=False, mode=mode, timestamp=1.0, uncapped=True)  # type: ignore[arg-type]
+    return result, note
+
+
+def test_a_gpu_that_never_reaches_its_power_limit_gets_a_baseline_from_uncapped_probes(
+    tmp_path: Path,
+    caplog,  # type: ignore[no-untyped-def]
+) -> None:
+    """Without this, slow-GPU detection was silently off forever on a GPU that never reached 97 % of its limit."""
+    b = Baselines(tmp_path)
+    baseline, note = uncapped(b, [600e12, 610e12, 605e12, 602e12])
+    assert baseline.flops is None and "4 of 5 uncapped probes" in note
+    with caplog.at_level("WARNING", logger="gpuwatch.probe.baseline"):
+        baseline, note = uncapped(b, [604e12])
+    assert baseline.flops == 604e12 and baseline.key == dataclasses.replace(KEY, uncapped=True)
+    assert "never reached the power limit" in note
+    assert caplog.text.count("never reached the power limit") == 1  # said once
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpuwatch.probe.baseline"):
+        baseline, _ = uncapped(b, [500e12, 606e12])  # later uncapped probes are judged against it as usual
+    assert baseline.flops == 604e12 and caplog.text == ""
+    assert Baselines(tmp_path).load()[UUID].key.uncapped  # persisted with its mark
+
+
+def test_a_capped_probe_never_mixes_with_an_uncapped_baseline(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    uncapped(b, [604e12] * 5)
+    baseline, note = b.observe(UUID, KEY, 690e12, steady=True, mode="agent", timestamp=2.0)
+    assert baseline.key == KEY and baseline.flops is None and baseline.samples == [690e12]
+    assert "uncapped True -> False" in note
+    assert feed(b, [689e12] * 4).flops == 689e12
+
+
+def test_uncapped_probes_must_be_consecutive_and_never_touch_a_capped_baseline(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    uncapped(b, [600e12] * 4)
+    feed(b, [690e12])  # one probe reached the cap: the run of uncapped probes starts over
+    baseline, _ = uncapped(b, [600e12] * 4)
+    assert baseline.flops is None and not baseline.key.uncapped
+    feed(b, [690e12] * 4)  # the capped baseline is established from 5 capped probes
+    baseline, _ = uncapped(b, [600e12] * 10)
+    assert baseline.flops == 690e12 and not baseline.key.uncapped
+
+
+def test_a_baseline_file_without_the_uncapped_mark_still_loads(tmp_path: Path) -> None:
+    b = Baselines(tmp_path)
+    feed(b, [690e12] * 5)
+    doc = json.loads((tmp_path / BASELINES_FILE).read_text())
+    del doc["gpus"][UUID]["key"]["uncapped"]
+    del doc["gpus"][UUID]["uncapped_samples"]
+    (tmp_path / BASELINES_FILE).write_text(json.dumps(doc))
+    assert b.load()[UUID].flops == 690e12

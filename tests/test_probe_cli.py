@@ -67,8 +67,8 @@ def test_probe_rejects_an_unknown_gpu_and_conflicting_flags(tmp_path: Path) -> N
         ("require_idle_node = 1", "probe.require_idle_node"),
         ('dtype = "int8"', "probe.dtype"),
         ('engine = "jax"', "probe.engine"),
-        ("timeout_seconds = 3", "probe.timeout_seconds"),  # shorter than warm-up + measure
-        ("warmup_max_seconds = 0.5", "probe.warmup_max_seconds"),  # below warmup_min_seconds
+        ("timeout_seconds = 2", "probe.timeout_seconds"),  # shorter than warm-up + measure (1.5 + 1)
+        ("warmup_max_seconds = 0.2", "probe.warmup_max_seconds"),  # below warmup_min_seconds
         ("intervall_seconds = 5", "probe.intervall_seconds"),
     ],
 )

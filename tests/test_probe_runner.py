@@ -251,3 +251,77 @@ def test_probe_scenarios_show_the_slow_gpu_within_a_few_probe_intervals(
             assert sim.value("gpuwatch_probe_power_capped", gpu) == 1.0
     finally:
         sim.close()
+
+
+def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
+    sim: SimAgent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stuck in the driver (uninterruptible) does not die of SIGKILL; the round must still end, release the
+    GPU's lock, say so, and reap the worker with poll() once it finally exits. Simulated by a real worker process that
+    SIGKILL does not reach (killpg patched to do nothing), so an unbounded wait() would hang this test for 300 s."""
+    from gpuwatch.probe import runner as runner_module
+
+    script = tmp_path / "stuck.py"
+    script.write_text("import time; time.sleep(300)\n")
+    monkeypatch.setattr(runner_module, "KILL_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(runner_module.os, "killpg", lambda pid, sig: None)
+    settings = dataclasses.replace(QUICK, timeout_seconds=1.0)
+    probe = runner(sim, tmp_path, settings, worker_command=[sys.executable, str(script)])
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+        outcomes = probe.run(gpus={0})
+    assert time.monotonic() - started < 10
+    assert [(o.result, "could not be killed" in o.reason) for o in outcomes] == [("timeout", True)]
+    assert "could not be killed" in caplog.text
+    gpu0 = next(u for u, i in sim.agent.store.snapshot().identities.items() if i.index == 0)
+    fd = try_lock(tmp_path, gpu0, wait=False)  # the lock was released although the worker lives on
+    assert fd is not None
+    unlock(fd)
+    (stuck,) = probe._stuck
+    assert stuck.proc.poll() is None
+    # While it is still alive, the next round does not start another worker on that GPU.
+    sim.run(1.0)
+    assert [o.result for o in probe.run(gpus={0})] == ["failed"]
+    os.kill(stuck.proc.pid, 9)  # the driver lets go at last
+    time.sleep(0.5)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+        assert [o.result for o in probe.run(gpus={0})] == ["timeout"]
+    assert "survived SIGKILL has exited" in caplog.text
+    assert stuck.proc.returncode is not None
+    for child in probe._stuck:  # the second round's worker is stuck too (killpg still patched): end it for real
+        os.kill(child.proc.pid, 9)
+        child.proc.wait(timeout=5)
+
+
+def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says_so(
+    sim: SimAgent, tmp_path: Path
+) -> None:
+    """Real worker children that report power_capped false (warm-up ended at warmup_max, never at the cap)."""
+    from gpuwatch.commands import _uncapped_baselines
+    from gpuwatch.config import load_config
+    from gpuwatch.probe.baseline import UNCAPPED_PROBES_TO_ESTABLISH
+
+    script = tmp_path / "uncapped.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, subprocess, sys
+        out = subprocess.run([sys.executable, "-m", "gpuwatch.probe.worker", *sys.argv[1:]], capture_output=True)
+        doc = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        doc["power_capped"] = False
+        print(json.dumps(doc))
+        """)
+    )
+    probe = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    for _ in range(UNCAPPED_PROBES_TO_ESTABLISH - 1):
+        (outcome,) = probe.run(gpus={0})
+        assert outcome.result == "ok" and outcome.baseline_flops is None
+    (outcome,) = probe.run(gpus={0})
+    assert outcome.baseline_flops is not None and "never reached the power limit" in outcome.baseline_note
+    sim._scraped = None
+    assert sim.value("gpuwatch_probe_baseline_flops", 0, dtype="bf16") == outcome.baseline_flops
+    (again,) = probe.run(gpus={0})  # compared with the uncapped baseline from now on
+    assert again.baseline_flops == outcome.baseline_flops and again.ratio is not None
+    config = load_config(None, {"agent": {"state_dir": str(tmp_path)}})
+    (line,) = _uncapped_baselines(config)  # `gpuwatch check` says it
+    assert line.startswith("[warn] probe baseline of GPU ") and "never reached the power limit" in line

@@ -46,6 +46,17 @@ def test_the_real_worker_measures_a_matmul_on_the_cpu(torch_installed: None, dty
     assert "host-memcpy" in doc["copy_kind"] and doc["host_memcpy_bytes_per_second"] > 0
 
 
+def test_the_reported_gpu_time_covers_warm_up_measured_window_and_copies(torch_installed: None) -> None:
+    """gpuwatch_probe_duration_seconds is what a probe costs the GPU, not only its measured window."""
+    args = ["--device", "cpu", "--engine", "torch", "--size", "64", "--warmup-min", "0.3", "--warmup-max", "0.3"]
+    code, doc = run(*args, "--measure", "0.2", "--copy-mib", "16")
+    assert code == 0 and doc["ok"], doc
+    assert doc["warmup_seconds"] >= 0.3 and doc["measured_seconds"] > 0
+    phases = doc["warmup_seconds"] + doc["measured_seconds"]
+    assert doc["gpu_time_seconds"] >= phases >= 0.45  # was the measured window alone (~0.2 s)
+    assert doc["gpu_time_seconds"] <= doc["wall_seconds"] - doc["startup_seconds"] + 1e-3
+
+
 def test_the_worker_ends_warm_up_when_told_the_power_limit_is_reached(torch_installed: None) -> None:
     args = ["--device", "cpu", "--size", "32", "--warmup-min", "0", "--warmup-max", "60", "--measure", "0.02"]
     code, doc = run(*args, "--copy-mib", "0", "--power-signal", stdin="capped\n")

@@ -199,3 +199,24 @@ def test_a_full_socket_never_blocks_the_poll_loop(notify_socket: NotifySocket) -
     messages = notify_socket.drain()
     assert sum("READY" in m for m in messages) == 1
     assert 0 < len(messages) < 400
+
+
+def test_a_poll_interval_the_watchdog_cannot_wait_for_exits_78_naming_both_settings(tmp_path: Path) -> None:
+    """Pings follow each poll: a poll interval over half of WatchdogSec= meant a restart loop with no hint."""
+    env = {**os.environ, "WATCHDOG_USEC": "2000000", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("WATCHDOG_PID", None)
+    env.pop("NOTIFY_SOCKET", None)
+    cmd = [sys.executable, "-m", "gpuwatch", "run", "--backend", "simulated", "--listen", f"127.0.0.1:{free_port()}"]
+    cmd += ["--state-dir", str(tmp_path / "state"), "--poll-interval", "1.5"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78, done.stderr
+    assert "agent.poll_interval_seconds: 1.5 s exceeds" in done.stderr and "WatchdogSec=2s" in done.stderr
+    assert "Traceback" not in done.stderr
+    cmd[-1] = "1"  # exactly half the period is fine
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)

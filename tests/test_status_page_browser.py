@@ -177,3 +177,50 @@ def test_lost_gpu_is_flagged(tmp_path: Path) -> None:
     cls, text = rows.rows[2]
     assert cls == "row-bad" and "lost:" in text and "no readings" in text, text
     assert all(rows.rows[i][0] == "" for i in (0, 1, 3)), rows.rows
+
+
+# --- health flags, without a browser -----------------------------------------------------------------------------
+
+
+def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
+    import dataclasses
+
+    from gpuwatch.model import GpuIdentity, GpuSample
+    from gpuwatch.probe.results import ProbeOutcome, ProbeView, WorkerResult
+    from gpuwatch.status_page import GpuView
+    from gpuwatch.store import SampleStore
+
+    now = 1_000_000.0
+    identity = GpuIdentity("GPU-6", "nvidia", 6, model="H100")
+    sample = GpuSample("GPU-6", now, ecc_errors_total={"uncorrected": ecc_uncorrected} if ecc_uncorrected else {})
+    measured = WorkerResult(
+        "torch", "2.5", "12", "bf16", "8192", 5.6e14, 5.5e14, 5.7e14, 0.01, 10, 1.0, False, None, None, "", "cuda:6"
+    )
+    last_ok = {}
+    if probe_age_s is not None:
+        last_ok["GPU-6"] = ProbeOutcome(
+            "GPU-6", 6, "ok", timestamp=now - probe_age_s, measured=measured, baseline_flops=7e14
+        )
+    snap = dataclasses.replace(
+        SampleStore(poll_interval_seconds=1.0, clock=lambda: now).snapshot(),
+        probe=ProbeView(enabled=True, interval_seconds=600.0, last_ok=last_ok),
+    )
+    return GpuView(identity, sample, "", None, snap)
+
+
+def test_slow_probe_is_judged_on_fresh_results_only() -> None:
+    from gpuwatch.status_page import health_flags
+
+    fresh = [f.text for f in health_flags(_view(probe_age_s=300))]  # type: ignore[arg-type]
+    assert any(t.startswith("slow probe: 80%") for t in fresh), fresh
+    # a GPU too busy to be probed for hours keeps its old slow result: it judges nothing any more
+    stale = [f.text for f in health_flags(_view(probe_age_s=3 * 600))]  # type: ignore[arg-type]
+    assert not any("slow probe" in t for t in stale), stale
+
+
+def test_a_lifetime_count_of_uncorrectable_ecc_errors_is_a_warning() -> None:
+    from gpuwatch.status_page import health_flags
+
+    flags = health_flags(_view(probe_age_s=None, ecc_uncorrected=3))  # type: ignore[arg-type]
+    ecc = [f for f in flags if "ECC" in f.text]
+    assert [(f.level, f.text) for f in ecc] == [("warn", "3 uncorrectable ECC errors (lifetime count)")]

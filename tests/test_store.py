@@ -153,6 +153,12 @@ def test_collector_status_and_backend_up() -> None:
     assert value(registry, "gpuwatch_collector_interval_seconds", collector="nvml") == 1.0
     assert value(registry, "gpuwatch_collector_errors_total", collector="nvml") == 0.0
     assert value(registry, "gpuwatch_collector_success", collector="nvml") is None
+    # a first run that hangs still ages: the start time stands in for a last run
+    started = clock.now
+    assert value(registry, "gpuwatch_collector_last_run_timestamp_seconds", collector="nvml") == started
+    clock.now += 30.0
+    store.register_collector("nvml", 1.0)  # a reload re-registers: the start time stays
+    assert value(registry, "gpuwatch_collector_last_run_timestamp_seconds", collector="nvml") == started
     store.record_collector_run("nvml", success=False, duration_seconds=0.002)
     store.set_backend("nvml", False, "driver not loaded")
     assert value(registry, "gpuwatch_collector_success", collector="nvml") == 0.0

@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "gpuwatch.service"
 DROP_INS = REPO / "systemd" / "drop-ins"
+UVM_UNIT = REPO / "systemd" / "gpuwatch-nvidia-uvm.service"
 
 
 @pytest.fixture
@@ -51,6 +52,7 @@ def install_root(tmp_path: Path, unit_text: str, drop_ins: list[Path]) -> Path:
     (system / "gpuwatch.service").write_text(unit_text)
     for drop_in in drop_ins:
         shutil.copy2(drop_in, system / "gpuwatch.service.d" / drop_in.name)
+    shutil.copy2(UVM_UNIT, system / UVM_UNIT.name)  # install.sh puts it beside the unit with nvidia-uvm.conf
     return root
 
 
@@ -68,6 +70,25 @@ def test_unit_and_every_drop_in_verify(analyze: str, tmp_path: Path) -> None:
     root = install_root(tmp_path, UNIT.read_text(), sorted(DROP_INS.glob("*.conf")))
     result = run(analyze, "verify", f"--root={root}", "gpuwatch.service")
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_the_nvidia_uvm_unit_verifies_and_runs_before_the_agent(analyze: str, tmp_path: Path) -> None:
+    """nvidia_uvm must be loaded before the agent starts: DeviceAllow=char-nvidia* is resolved from /proc/devices at
+    service start, and an ExecStartPre= of the agent cannot mknod under DeviceAllow=rw."""
+    root = install_root(tmp_path, UNIT.read_text(), [DROP_INS / "nvidia-uvm.conf"])
+    result = run(analyze, "verify", f"--root={root}", "gpuwatch-nvidia-uvm.service", "gpuwatch.service")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    drop_in = {line.strip() for line in (DROP_INS / "nvidia-uvm.conf").read_text().splitlines()}
+    assert {"Wants=gpuwatch-nvidia-uvm.service", "After=gpuwatch-nvidia-uvm.service"} <= drop_in
+    assert not any(line.startswith("ExecStartPre") for line in drop_in)  # never from inside the agent's sandbox
+    uvm = {line.strip() for line in UVM_UNIT.read_text().splitlines()}
+    assert {"Type=oneshot", "RemainAfterExit=yes", "Before=gpuwatch.service"} <= uvm
+    assert "ExecStart=/usr/bin/nvidia-modprobe -u -c=0" in uvm
+    assert not any(line.startswith(("DevicePolicy=", "NoNewPrivileges=")) for line in uvm)  # it must mknod
+    broken = UVM_UNIT.read_text().replace("/usr/bin/nvidia-modprobe -u", "/usr/bin/nvidia-modprob -u")
+    (root / "etc" / "systemd" / "system" / UVM_UNIT.name).write_text(broken)
+    result = run(analyze, "verify", f"--root={root}", "gpuwatch-nvidia-uvm.service")
+    assert result.returncode != 0 and "nvidia-modprob" in result.stderr  # the check above means something
 
 
 def test_verify_catches_a_broken_unit(analyze: str, tmp_path: Path) -> None:

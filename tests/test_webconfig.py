@@ -176,6 +176,18 @@ def test_basic_auth_accepts_the_right_password_only(tmp_path: Path, serve: type[
     assert server.get("/healthz", auth=("prometheus", PASSWORD))[0] == 200
 
 
+def test_a_password_over_72_bytes_is_refused_with_401_not_a_500(tmp_path: Path, serve: type[Served]) -> None:
+    """bcrypt 5 raises ValueError for passwords over 72 bytes; any unauthenticated client could send one."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    server = serve(write(tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{hashed}'\n"))
+    long_password = PASSWORD + "x" * 100
+    assert len(long_password.encode()) > 72
+    assert server.get(auth=("prometheus", long_password))[0] == 401
+    assert server.get(auth=("prometheus", long_password))[0] == 401  # the cached path too
+    assert server.get(auth=("nobody", "é" * 80))[0] == 401  # unknown user: the dummy hash check
+    assert server.get(auth=("prometheus", PASSWORD))[0] == 200
+
+
 def test_tls_with_required_client_certificates(tmp_path: Path, pki: Pki, serve: type[Served]) -> None:
     config = write(
         tmp_path / "web.yml",

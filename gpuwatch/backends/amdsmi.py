@@ -347,9 +347,13 @@ class AmdSmiBackend:
 
     def _check_driver(self) -> None:
         """A new amdgpu driver means new capabilities: re-read every GPU's static tier."""
-        if not self._gpus:
-            return
-        driver = _text(self._dict(self._gpus[0], "amdsmi_get_gpu_driver_info").get("driver_version"))
+        driver = ""
+        for gpu in self._gpus:  # the first GPU that answers: a lost GPU 0 must not stop the others' polls
+            try:
+                driver = _text(self._dict(gpu, "amdsmi_get_gpu_driver_info").get("driver_version"))
+            except _GpuFailed:
+                continue
+            break
         if driver and driver != self._driver:
             if self._driver:
                 log.info("amdgpu driver changed from %s to %s: re-reading static readings", self._driver, driver)

@@ -3,7 +3,10 @@
 A baseline belongs to a key — dtype, shape, engine and its version, BLAS version, driver version, power limit — and is
 the median of the first 5 steady-state (power-capped) probes under that key: never a maximum (a cold GPU's first
 probe runs ~15 % fast), and never lowered by a degraded run (a probe under 90 % of an established baseline never
-changes it). A new key starts a new baseline. The file is read and written under a lock, so the agent and a
+changes it). A new key starts a new baseline. A GPU that never reaches its power limit within warmup_max (a low
+power draw for its limit) would never get one: after UNCAPPED_PROBES_TO_ESTABLISH consecutive uncapped probes its
+baseline is taken from those, under the same key marked ``uncapped`` so a later capped run starts a capped baseline
+instead of mixing with it. The file is read and written under a lock, so the agent and a
 `gpuwatch probe --update-baseline` never lose each other's change; a corrupt or foreign file is moved aside (see
 statefile.read_json) and rebuilt, never fatal.
 """
@@ -16,7 +19,7 @@ import os
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 BASELINES_FILE = "probe_baselines.json"
 BASELINES_KIND = "probe_baselines"
 PROBES_TO_ESTABLISH = 5
+UNCAPPED_PROBES_TO_ESTABLISH = 5  # consecutive probes that never reached the power limit: baseline from those
 MAX_SAMPLES = 15
 DEGRADED_BELOW = 0.9  # a probe under this share of the baseline never changes it
 
@@ -44,6 +48,7 @@ class BaselineKey:
     blas_version: str
     driver_version: str
     power_limit_watts: float | None
+    uncapped: bool = False  # taken from probes that never reached the power limit (files without it: False)
 
     def changes_from(self, other: BaselineKey) -> str:
         """What differs, for the log ("driver_version 550.54 -> 580.159")."""
@@ -57,6 +62,7 @@ class Baseline:
     samples: list[float] = field(default_factory=list)
     flops: float | None = None  # None until PROBES_TO_ESTABLISH steady-state probes were seen
     established_timestamp: float | None = None
+    uncapped_samples: list[float] = field(default_factory=list)  # the current run of consecutive uncapped probes
 
 
 class Baselines:
@@ -80,13 +86,24 @@ class Baselines:
         steady: bool,
         mode: Mode,
         timestamp: float,
+        uncapped: bool = False,
     ) -> tuple[Baseline | None, str]:
-        """Let one probe result count toward the GPU's baseline as `mode` says; returns the baseline and a note."""
+        """Let one probe result count toward the GPU's baseline as `mode` says; returns the baseline and a note.
+
+        `uncapped`: the probe ran its whole warm-up without reaching the power limit (not steady under `key`)."""
         with self._locked(shared=mode == "none"):
             entries = self._read()
             current = entries.get(uuid)
             if mode == "none":
                 return current, ""
+            if uncapped and not steady:
+                if current is not None and current.key == replace(key, uncapped=True):
+                    key, steady = current.key, True  # the uncapped baseline of this key: counts as usual
+                elif mode == "agent":
+                    switched = self._observe_uncapped(entries, uuid, key, flops, timestamp)
+                    if switched is not None:
+                        return switched
+                    current = entries.get(uuid)
             note, changed = "", False
             if current is None or current.key != key or mode == "reset":
                 changed = True
@@ -95,8 +112,16 @@ class Baselines:
                 elif current is not None:
                     note = "baseline reset"
                 current = Baseline(key)
+            if steady and current.uncapped_samples:  # the run of consecutive uncapped probes is broken
+                current.uncapped_samples = []
+                changed = True
             if not steady:
                 note = note or "not counted toward the baseline: the probe did not reach steady state"
+                if current.uncapped_samples and current.flops is None:
+                    note += (
+                        f" ({len(current.uncapped_samples)} of {UNCAPPED_PROBES_TO_ESTABLISH} uncapped probes before "
+                        "the baseline is taken from uncapped probes)"
+                    )
             elif current.flops is not None and flops < DEGRADED_BELOW * current.flops:
                 note = f"not counted toward the baseline: below {DEGRADED_BELOW:.0%} of it"
             elif current.flops is None or mode == "update":
@@ -114,6 +139,34 @@ class Baselines:
                 entries[uuid] = current
                 self._write(entries)
             return current, note
+
+    def _observe_uncapped(
+        self, entries: dict[str, Baseline], uuid: str, key: BaselineKey, flops: float, timestamp: float
+    ) -> tuple[Baseline, str] | None:
+        """Count one uncapped probe; the baseline and note once this one establishes an uncapped baseline."""
+        current = entries.get(uuid)
+        if current is None or current.key != key:  # a new GPU or a new key: this key starts over
+            if current is not None:
+                log.info("GPU %s: baseline re-established: %s", uuid, key.changes_from(current.key))
+            current = Baseline(key)
+        if current.flops is not None:  # a capped baseline exists: an uncapped probe never counts toward it
+            entries[uuid] = current
+            return None
+        current.uncapped_samples = [*current.uncapped_samples, flops][-MAX_SAMPLES:]
+        entries[uuid] = current
+        if len(current.uncapped_samples) < UNCAPPED_PROBES_TO_ESTABLISH:
+            self._write(entries)
+            return None
+        samples = current.uncapped_samples[-UNCAPPED_PROBES_TO_ESTABLISH:]
+        established = Baseline(replace(key, uncapped=True), samples, statistics.median(samples), timestamp)
+        entries[uuid] = established
+        self._write(entries)
+        note = (
+            f"baseline established from {len(samples)} probes that never reached the power limit within "
+            "warmup_max_seconds (uncapped: compared only with uncapped probes)"
+        )
+        log.warning("GPU %s: %s", uuid, note)
+        return established, note
 
     @contextmanager
     def _locked(self, *, shared: bool) -> Iterator[None]:
@@ -172,11 +225,14 @@ def _parse(entry: Any) -> Baseline | None:
         samples = [float(x) for x in entry.get("samples", [])]
         flops = entry.get("flops")
         established = entry.get("established_timestamp")
+        if not isinstance(key.uncapped, bool):
+            return None
         return Baseline(
             key,
             samples,
             None if flops is None else float(flops),
             None if established is None else float(established),
+            [float(x) for x in entry.get("uncapped_samples", [])],
         )
     except (KeyError, TypeError, ValueError):
         return None

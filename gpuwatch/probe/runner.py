@@ -13,6 +13,7 @@ and peak core temperature. A per-GPU lock file keeps a CLI probe and the agent's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", "prohibited"})
 WATCH_INTERVAL_SECONDS = 0.05
 CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
+KILL_WAIT_SECONDS = 5.0  # how long a SIGKILLed child may take to die before it is left to a later round's poll()
 
 
 def worker_argv() -> list[str]:
@@ -62,6 +64,7 @@ class _Child:
     readers: list[threading.Thread] = field(default_factory=list)
     signalled: bool = False
     timed_out: bool = False
+    unkillable: bool = False  # SIGKILLed but still alive (stuck in the driver, uninterruptible)
     foreign_pids: set[int] = field(default_factory=set)
     seen: dict[float, GpuSample] = field(default_factory=dict)
     ended: float | None = None
@@ -94,6 +97,7 @@ class ProbeRunner:
         self._children: list[_Child] = []
         self._children_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._stuck: list[_Child] = []  # children that survived SIGKILL, reaped with poll() in later rounds
 
     # --- entry points ----------------------------------------------------------------------------------------
 
@@ -118,6 +122,7 @@ class ProbeRunner:
     ) -> list[ProbeOutcome]:
         """One probe round; `explicit` (the CLI's --gpu) probes the named GPUs even when busy, marked as such."""
         snap = self._store.snapshot()
+        stuck = self._reap_stuck()
         baselines = self._refresh_baselines()
         fresh = sorted(
             ((snap.identities[u], s) for u in snap.identities if (s := snap.fresh(u)) is not None),
@@ -128,6 +133,16 @@ class ProbeRunner:
         candidates: list[tuple[GpuIdentity, GpuSample]] = []
         for identity, sample in chosen:
             why = _unsupported(sample)
+            if identity.uuid in stuck:
+                outcomes.append(
+                    self._outcome(
+                        identity,
+                        "failed",
+                        f"the previous probe worker (PID {stuck[identity.uuid]}) survived SIGKILL and is still "
+                        "running (stuck in the driver?)",
+                    )
+                )
+                continue
             if why is None and self._simulated is None and not self._engines():
                 why = "no probe engine installed: pip install 'gpuwatch[probe]' (CuPy) or PyTorch beside gpuwatch"
             if why is not None:
@@ -162,6 +177,22 @@ class ProbeRunner:
 
     # --- policy ---------------------------------------------------------------------------------------------
 
+    def _reap_stuck(self) -> dict[str, int]:
+        """Reap the children that survived SIGKILL in an earlier round; the UUIDs of those still alive, with PIDs."""
+        alive: list[_Child] = []
+        for child in self._stuck:
+            if child.proc.poll() is None:
+                alive.append(child)
+            else:
+                log.warning(
+                    "the probe worker of GPU %d (PID %d) that survived SIGKILL has exited (status %s)",
+                    child.identity.index,
+                    child.proc.pid,
+                    child.proc.returncode,
+                )
+        self._stuck = alive
+        return {c.identity.uuid: c.proc.pid for c in alive}
+
     def _busy(self, sample: GpuSample) -> str | None:
         if sample.process_pids:
             return f"{len(sample.process_pids)} compute process(es)"
@@ -169,6 +200,13 @@ class ProbeRunner:
         if util is not None and util > self.settings.idle_utilization_ratio:
             return f"utilization {util:.0%}"
         return None
+
+    def load_baselines(self) -> None:
+        """Export the persisted baselines now (agent start), not only from the first probe round an interval later."""
+        try:
+            self._refresh_baselines()
+        except Exception:
+            log.exception("cannot load the probe baselines; they are exported after the first probe round")
 
     def _refresh_baselines(self) -> dict[str, Baseline]:
         baselines = self.baselines.load()
@@ -228,7 +266,8 @@ class ProbeRunner:
             with self._children_lock:
                 self._children = []
             for child in children:
-                _kill_group(child.proc)  # nothing of ours outlives the round (grandchildren included)
+                if not child.unkillable:  # a stuck one was SIGKILLed already and is reaped by a later round
+                    _kill_group(child.proc)  # nothing of ours outlives the round (grandchildren included)
         samples_by_uuid = {i.uuid: s for i, s, _ in runnable}
         return [self._conclude(child, samples_by_uuid[child.identity.uuid], mode) for child in children]
 
@@ -311,8 +350,16 @@ class ProbeRunner:
                     child.ended = now
                 elif now >= child.deadline or self._stopping.is_set():
                     child.timed_out = not self._stopping.is_set()
-                    _kill_group(child.proc)
-                    child.proc.wait()
+                    _kill_group(child.proc)  # waits a bounded time: a worker stuck in the driver may not die
+                    if child.proc.poll() is None:
+                        child.unkillable = True
+                        self._stuck.append(child)
+                        log.error(
+                            "the probe worker of GPU %d (PID %d) could not be killed (stuck in the driver?); "
+                            "its lock is released and it is reaped when it exits",
+                            child.identity.index,
+                            child.proc.pid,
+                        )
                     child.ended = now
             if self._progress is not None and now - last_said >= 1.0:
                 last_said = now
@@ -338,16 +385,17 @@ class ProbeRunner:
                 child.proc.stdin.flush()
 
     def _conclude(self, child: _Child, sample: GpuSample, mode: Mode) -> ProbeOutcome:
-        for reader in child.readers:
-            reader.join(timeout=2.0)
         with contextlib.suppress(OSError):
             if child.proc.stdin is not None:
                 child.proc.stdin.close()
         identity = child.identity
+        if child.timed_out:
+            killed = "could not be killed (stuck in the driver?)" if child.unkillable else "killed"
+            return self._outcome(identity, "timeout", f"no result within {self.settings.timeout_seconds:g} s; {killed}")
+        for reader in child.readers:
+            reader.join(timeout=2.0)
         wall = (child.ended or time.monotonic()) - (child.deadline - self.settings.timeout_seconds)
         stderr = b"".join(child.stderr).decode(errors="replace").strip()
-        if child.timed_out:
-            return self._outcome(identity, "timeout", f"no result within {self.settings.timeout_seconds:g} s; killed")
         if self._stopping.is_set():
             return self._outcome(identity, "failed", "the agent stopped while the probe ran")
         doc = _last_json(b"".join(child.stdout))
@@ -377,10 +425,18 @@ class ProbeRunner:
             power_limit_watts=sample.power_limit_watts.get("enforced"),
         )
         steady = measured.power_capped is not False and not child.explicit_busy
+        uncapped = measured.power_capped is False and not child.explicit_busy  # never reached the power limit
         baseline, note = self.baselines.observe(
-            identity.uuid, key, measured.flops_median, steady=steady, mode=mode, timestamp=self._clock()
+            identity.uuid,
+            key,
+            measured.flops_median,
+            steady=steady,
+            mode=mode,
+            timestamp=self._clock(),
+            uncapped=uncapped,
         )
-        flops = baseline.flops if baseline is not None and baseline.key == key else None
+        same = baseline is not None and baseline.key in (key, dataclasses.replace(key, uncapped=True))
+        flops = baseline.flops if baseline is not None and same else None
         self._store.probe.set_baseline(identity.uuid, key.dtype, flops)
         if note:
             log.info("probe on GPU %d: %s", identity.index, note)
@@ -463,7 +519,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+        proc.wait(timeout=KILL_WAIT_SECONDS)
 
 
 def _drain(stream: object, sink: list[bytes]) -> None:

@@ -138,12 +138,7 @@ def make_plan(
         raise FleetError("--gpus must be at least 1")
     if port_base < 1 or port_base + nodes - 1 > 65535:
         raise FleetError(f"--port-base {port_base} with {nodes} nodes needs ports {port_base}-{port_base + nodes - 1}")
-    if vendor == "amd":
-        raise FleetError(
-            "--vendor amd: the simulated AMD node is not in this version yet (the AMD backend is being built); "
-            "use --vendor nvidia"
-        )
-    if vendor != "nvidia":
+    if vendor not in ("nvidia", "amd"):
         raise FleetError(f"--vendor {vendor!r}: expected nvidia or amd")
     parsed = [parse_fault(f, nodes, gpus) for f in faults]
     seen: dict[tuple[int, int | None], str] = {}
