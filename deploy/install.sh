@@ -14,7 +14,10 @@
 #   4. systemctl daemon-reload, enable --now (restart on an upgrade).
 # Options: --source SPEC (pip requirement or path; default: this checkout), --extras LIST (default: detected),
 #   --root DIR (stage into DIR instead of /, for packaging and tests; implies --no-start --no-user),
-#   --no-start (do not touch systemctl), --no-user (do not create the user), --python PATH.
+#   --no-start (do not touch systemctl), --no-user (do not create the user), --python PATH,
+#   --no-probe (NVIDIA: no CuPy probe engine, no nvidia-uvm oneshot), --probe-cuda 12|13 (default: 13 from driver
+#   580, else 12; an unknown driver version gets 12), --dry-run (say what would be installed, change nothing).
+# On NVIDIA nodes the probe engine is CuPy for the driver's CUDA (the `probe` extra = cupy-cuda12x, or cupy-cuda13x).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +29,9 @@ start=1
 make_user=1
 python=""
 prefix=/opt/gpuwatch
+probe=1
+probe_cuda=auto
+dry_run=0
 
 die() { echo "install.sh: $*" >&2; exit 1; }
 say() { echo "install.sh: $*"; }
@@ -38,7 +44,10 @@ while [ $# -gt 0 ]; do
     --no-start) start=0; shift ;;
     --no-user) make_user=0; shift ;;
     --python) python="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --no-probe) probe=0; shift ;;
+    --probe-cuda) probe_cuda="$2"; shift 2; [[ "$probe_cuda" =~ ^(12|13|auto)$ ]] || die "--probe-cuda takes 12 or 13" ;;
+    --dry-run) dry_run=1; start=0; make_user=0; shift ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -86,7 +95,40 @@ fi
 if [ -z "$source_spec" ]; then
   source_spec="$repo"
 fi
+# The probe's engine on NVIDIA nodes: CuPy built for the driver's CUDA major (CUDA 13 needs driver >= 580).
+probe_requirement=""
+if [ "$probe" = 1 ] && [[ ",$extras," == *",nvidia,"* ]] && [[ ",$extras," != *",probe,"* ]]; then
+  version_file="$root/proc/driver/nvidia/version"
+  driver="$(head -n1 "$version_file" 2>/dev/null | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1 || true)"
+  if [ -z "$driver" ] && [ -z "$root" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 || true)"
+  fi
+  cuda="$probe_cuda"
+  if [ "$cuda" = auto ]; then
+    major="${driver%%.*}"
+    if [ -z "$driver" ]; then cuda=12
+    elif [ "$major" -ge 580 ]; then cuda=13
+    elif [ "$major" -ge 525 ]; then cuda=12
+    else cuda=""
+    fi
+  fi
+  if [ -z "$cuda" ]; then
+    say "WARNING: NVIDIA driver $driver is older than CUDA 12 (525): no probe engine installed, every probe will be" \
+      "skipped_unsupported (install PyTorch for your CUDA into $prefix, or upgrade the driver)"
+  elif [ "$cuda" = 12 ]; then
+    extras="$extras,probe"  # pyproject: probe = ["cupy-cuda12x>=13"]
+  else
+    probe_requirement="cupy-cuda${cuda}x>=13"
+  fi
+  say "probe engine: cupy-cuda${cuda:-?}x (NVIDIA driver ${driver:-unknown, assuming CUDA 12}; --no-probe to skip)"
+elif [ "$probe" = 0 ] && [[ ",$extras," == *",nvidia,"* ]]; then
+  say "WARNING: --no-probe: no probe engine, every probe will be skipped_unsupported (set probe.interval_seconds = 0)"
+fi
 [ -n "$extras" ] && source_spec="${source_spec}[${extras}]"
+if [ "$dry_run" = 1 ]; then
+  say "would install into $prefix: $source_spec${probe_requirement:+ $probe_requirement}"
+  exit 0
+fi
 
 # --- venv --------------------------------------------------------------------------------------------------------
 venv="$root$prefix"
@@ -96,7 +138,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 say "installing $source_spec into $prefix"
 "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$venv/bin/python" -m pip install -q --upgrade "$source_spec"
+"$venv/bin/python" -m pip install -q --upgrade "$source_spec" ${probe_requirement:+"$probe_requirement"}
 install -d -m 0755 "$venv/share/doc/gpuwatch"
 install -m 0644 "$repo/README.md" "$venv/share/doc/gpuwatch/README.md"
 install -m 0644 "$repo/systemd/README.md" "$venv/share/doc/gpuwatch/systemd.md"
@@ -135,7 +177,7 @@ if [ -e "$root/dev/ipmi0" ] || { [ -z "$root" ] && [ -e /dev/ipmi0 ]; }; then
   echo 'KERNEL=="ipmi[0-9]*", GROUP="gpuwatch", MODE="0660"' > "$root/etc/udev/rules.d/60-gpuwatch-ipmi.rules"
   [ -z "$root" ] && command -v udevadm >/dev/null && udevadm trigger --subsystem-match=ipmi || true
 fi
-if [ -x "$root/usr/bin/nvidia-modprobe" ] || { [ -z "$root" ] && [ -x /usr/bin/nvidia-modprobe ]; }; then
+if [ "$probe" = 1 ] && { [ -x "$root/usr/bin/nvidia-modprobe" ] || { [ -z "$root" ] && [ -x /usr/bin/nvidia-modprobe ]; }; }; then
   # nvidia_uvm must be loaded before the agent's DeviceAllow=char-nvidia* is resolved: a oneshot unit outside its
   # sandbox does it (systemd/gpuwatch-nvidia-uvm.service), pulled in by the drop-in.
   install -m 0644 "$repo/systemd/gpuwatch-nvidia-uvm.service" "$root/etc/systemd/system/gpuwatch-nvidia-uvm.service"

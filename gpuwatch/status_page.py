@@ -32,7 +32,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:90em}
 h1{font-size:1.4em;margin:0 0 .2em}p{margin:.3em 0}
 table{border-collapse:collapse;margin-top:.8em}td,th{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:right;
 vertical-align:top}th{background:#f4f4f4;font-weight:600}td.l,th.l{text-align:left}
-th,td{white-space:nowrap}td.health{white-space:normal;min-width:17em}td.wrap{white-space:normal;min-width:8em}
+th,td{white-space:nowrap}td.health{white-space:normal;min-width:13em}td.wrap{white-space:normal;min-width:8em}
 small{color:#666;font-weight:normal}tr.row-bad td{background:#fdecee}tr.row-warn td{background:#fff6e0}
 .uuid{font-family:ui-monospace,monospace;font-size:.75em;color:#666}
 .flag{display:inline-block;margin:0 .3em .2em 0;padding:.05em .45em;border-radius:.3em}

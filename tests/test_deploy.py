@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -242,3 +243,109 @@ def test_install_script_stages_a_node_and_is_idempotent(tmp_path: Path) -> None:
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     assert load_config(config).gpus.expected_nvidia == 8  # kept
+
+
+OPEN_580 = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)  2025\n"
+)
+PROPRIETARY_550 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+
+
+@pytest.mark.parametrize(
+    ("driver", "flags", "expected"),
+    [
+        (OPEN_580, [], "[nvidia] cupy-cuda13x>=13"),
+        (PROPRIETARY_550, [], "[nvidia,probe]"),  # pyproject's probe extra: cupy-cuda12x
+        (None, [], "[nvidia,probe]"),  # driver version unknown: CUDA 12, and it says so
+        (OPEN_580, ["--probe-cuda", "12"], "[nvidia,probe]"),
+        (OPEN_580, ["--no-probe"], "[nvidia]"),
+    ],
+)
+def test_install_script_picks_the_probe_engine(
+    tmp_path: Path, driver: str | None, flags: list[str], expected: str
+) -> None:
+    root = tmp_path / "node"
+    if driver is not None:
+        (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
+        (root / "proc" / "driver" / "nvidia" / "version").write_text(driver)
+    cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable, "--dry-run"]
+    result = subprocess.run(
+        [*cmd, "--source", "gpuwatch", "--extras", "nvidia", *flags], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"would install into /opt/gpuwatch: gpuwatch{expected}\n" in result.stdout
+    if driver is None:
+        assert "unknown, assuming CUDA 12" in result.stdout
+    if "--no-probe" in flags:
+        assert "WARNING: --no-probe" in result.stdout
+    assert not (root / "opt").exists()  # a dry run changes nothing
+
+
+def test_install_script_stages_nvidia_uvm_only_with_the_probe(tmp_path: Path) -> None:
+    for flags, staged in (([], True), (["--no-probe"], False)):
+        root = tmp_path / ("probe" if staged else "no-probe")
+        modprobe = root / "usr" / "bin" / "nvidia-modprobe"
+        modprobe.parent.mkdir(parents=True)
+        modprobe.write_text("#!/bin/sh\n")
+        modprobe.chmod(0o755)
+        cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable]
+        result = subprocess.run([*cmd, "--source", str(REPO), "--extras", "", *flags], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        system = root / "etc" / "systemd" / "system"
+        assert (system / "gpuwatch-nvidia-uvm.service").exists() is staged
+        assert (system / "gpuwatch.service.d" / "nvidia-uvm.conf").exists() is staged
+
+
+def test_role_ships_the_same_nvidia_uvm_files_as_the_installer() -> None:
+    files = ANSIBLE / "roles" / "gpuwatch" / "files"
+    assert (files / "gpuwatch-nvidia-uvm.service").read_text() == (
+        REPO / "systemd" / "gpuwatch-nvidia-uvm.service"
+    ).read_text()
+    assert (files / "nvidia-uvm.conf").read_text() == (REPO / "systemd" / "drop-ins" / "nvidia-uvm.conf").read_text()
+
+
+@pytest.mark.parametrize("nvidia_node", [True, False])
+def test_role_in_check_mode_detects_ipmi_nvidia_uvm_and_the_probe_engine(tmp_path: Path, nvidia_node: bool) -> None:
+    """Detection pointed at fixtures: the BMC device, nvidia-modprobe and a 580 driver (or none of them)."""
+    fixtures = tmp_path / "fixtures"
+    fixtures.mkdir()
+    if nvidia_node:
+        (fixtures / "ipmi0").write_text("")
+        (fixtures / "nvidia-modprobe").write_text("")
+        (fixtures / "version").write_text(OPEN_580)
+    extra = tmp_path / "detect.json"
+    extra.write_text(
+        json.dumps(
+            {
+                "gpuwatch_ipmi_device": str(fixtures / "ipmi0"),
+                "gpuwatch_nvidia_modprobe": str(fixtures / "nvidia-modprobe"),
+                "gpuwatch_nvidia_version_file": str(fixtures / "version"),
+                "gpuwatch_extras": ["nvidia"] if nvidia_node else ["amd"],
+            }
+        )
+    )
+    inventory = local_inventory(tmp_path)
+    check = ansible(
+        tmp_path,
+        "ansible-playbook",
+        "-i",
+        str(inventory),
+        "playbook.yml",
+        "--check",
+        "-l",
+        "localhost",
+        "-e",
+        f"@{extra}",
+    )
+    assert check.returncode == 0 and "failed=0" in check.stdout, check.stdout + check.stderr
+    out = check.stdout
+    new_tasks = ("Install the nvidia-uvm oneshot", "Pull the nvidia-uvm oneshot in before gpuwatch")
+    if nvidia_node:
+        assert "probe engine: cupy-cuda13x>=13 (NVIDIA driver 580.65.06)" in out
+        assert "nvidia-uvm oneshot: True; IPMI: True" in out
+        for task in (*new_tasks, "Give the gpuwatch group /dev/ipmi0"):
+            assert re.search(rf"TASK \[gpuwatch : {re.escape(task)}\] \**\nchanged: \[localhost\]", out), task
+    else:
+        assert "probe engine: NONE" in out and "nvidia-uvm oneshot: False; IPMI: False" in out
+        for task in (*new_tasks, "Give the gpuwatch group /dev/ipmi0"):
+            assert re.search(rf"TASK \[gpuwatch : {re.escape(task)}\] \**\nskipping: \[localhost\]", out), task

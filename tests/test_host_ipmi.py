@@ -194,3 +194,50 @@ def test_a_negative_rail_keeps_its_sign() -> None:
     text = "-12V | -12.050 | Volts | ok | na | -13.200 | na | na | -10.800 | na\n"
     voltages, _, _ = readings_from_sensors(parse_sensor_list(text))
     assert [(v.sensor, v.volts, v.nominal_volts) for v in voltages] == [("-12V", -12.05, -12.0)]
+
+
+def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tests run as root, so the permission problem is simulated for the fixture device only: first the file mode
+    (os.access), then the device cgroup of a unit without the ipmi.conf drop-in (open() refused, access() fine)."""
+    from gpuwatch.host.collectors import HostSource
+    from gpuwatch.host.report import check_host, print_host_table, read_host
+
+    tool = fake_ipmitool(tmp_path, "")
+    device = tmp_path / "ipmi0"
+    device.write_text("")
+    reader = IpmiReader(ipmitool=str(tool), device=device)
+    assert reader.usable()[0]  # present and openable: usable
+
+    real_access, real_open = os.access, os.open
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == device else real_access(p, mode, **kw))
+    ok, why = reader.usable()
+    assert not ok
+    assert why.startswith(f"BMC present but not accessible (permission on {device}; see the ipmi.conf drop-in")
+
+    monkeypatch.setattr(os, "access", real_access)
+
+    def refuse(path: object, flags: int, *args: object, **kw: object) -> int:
+        if Path(str(path)) == device:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refuse)
+    ok, why = reader.usable()
+    assert not ok and why.startswith(f"BMC present but not accessible (permission on {device}: Operation not permitted")
+
+    # `gpuwatch check` warns (FAIL when host.ipmi = "on"); `gpuwatch snapshot` names the problem, never "no BMC".
+    auto = HostSource("ipmi", reader, 60.0, reader.usable)
+    [(level, what, detail)] = check_host([auto], ["hwmon"])[:1]
+    assert (level, what) == ("warn", "host ipmi") and detail == why
+    required = HostSource("ipmi", reader, 60.0, reader.usable, required=True)
+    assert check_host([required], ["hwmon"])[0][0] == "FAIL"
+    samples, problems = read_host([auto])
+    assert samples == [] and problems == {"ipmi": why}
+    print_host_table(samples, problems)
+    out = capsys.readouterr().out
+    assert "ipmi: unavailable: BMC present but not accessible" in out and "no BMC" not in out
+
+    absent = IpmiReader(ipmitool=str(tool), device=tmp_path / "no-ipmi0")  # no device at all: still just info
+    assert check_host([HostSource("ipmi", absent, 60.0, absent.usable)], ["hwmon"])[0][0] == "info"

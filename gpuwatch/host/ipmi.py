@@ -48,6 +48,11 @@ _REDUNDANCY = re.compile(r"redundan", re.I)
 Runner = Callable[[Sequence[str], float], str]
 
 
+# usable()'s detail for a BMC device that exists but this process cannot open: a deployment problem, not "no BMC".
+INACCESSIBLE = "BMC present but not accessible"
+INACCESSIBLE_HINT = "see the ipmi.conf drop-in / udev rule in systemd/README.md"
+
+
 class IpmiError(Exception):
     """ipmitool could not be run, failed, or passed its timeout; the message says which."""
 
@@ -220,7 +225,13 @@ class IpmiReader:
         if not self.device.exists():
             return False, f"no {self.device} (no BMC, or the ipmi_si/ipmi_devintf modules are not loaded)"
         if not os.access(self.device, os.R_OK | os.W_OK):
-            return False, f"{self.device} is not read/writable by this user (root or a udev rule is needed)"
+            return False, f"{INACCESSIBLE} (permission on {self.device}; {INACCESSIBLE_HINT})"
+        try:  # the device cgroup (DevicePolicy=closed without the ipmi.conf drop-in) refuses open(), not access()
+            os.close(os.open(self.device, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+        except PermissionError as exc:
+            return False, f"{INACCESSIBLE} (permission on {self.device}: {exc.strerror}; {INACCESSIBLE_HINT})"
+        except OSError as exc:
+            return False, f"{INACCESSIBLE} ({self.device}: {exc.strerror or exc})"
         return True, f"{tool} via {self.device}"
 
     def _argv(self, *command: str) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatch.host.collectors import HostSource
-from gpuwatch.host.ipmi import IpmiError
+from gpuwatch.host.ipmi import INACCESSIBLE, IpmiError
 from gpuwatch.model import HostSample
 
 
@@ -18,7 +18,7 @@ def read_host(sources: Sequence[HostSource]) -> tuple[list[HostSample], dict[str
     for source in sources:
         found, detail = source.usable()
         if not found:
-            if source.required:
+            if source.required or detail.startswith(INACCESSIBLE):  # absent is fine; present but unopenable is not
                 problems[source.name] = detail
             continue
         try:
@@ -44,7 +44,7 @@ def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) ->
     temps = [t for s in samples for t in s.temperatures]
     fans = [f for s in samples for f in s.fans]
     if not (voltages or psus or temps or fans):
-        print("host sensors: none (no hwmon chips, no BMC)")
+        print("host sensors: none" + ("" if problems else " (no hwmon chips, no BMC)"))
         return
     if voltages:
         print(f"{'rail':<40} {'V':>8} {'nominal':>8} {'min':>8}  state")
@@ -71,6 +71,8 @@ def check_host(sources: Sequence[HostSource], disabled: Sequence[str]) -> list[t
         found, detail = source.usable()
         level = "ok" if found else ("FAIL" if source.required else "info")
         suffix = f" (every {source.interval_seconds:g} s)" if found else "; nothing to export, not an error"
+        if not found and detail.startswith(INACCESSIBLE):  # a BMC this user cannot open is a deployment problem
+            level, suffix = ("FAIL" if source.required else "warn"), ""
         lines.append((level, f"host {source.name}", detail + (suffix if found or not source.required else "")))
     for name in ("hwmon", "ipmi"):
         if name not in names:
