@@ -19,11 +19,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config, ConfigError, load_config, parse_listen
 from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
 from gpuwatch.host.collectors import HostCollectors, HostSource, build_host_sources
 from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
@@ -124,7 +125,8 @@ class Agent:
         self._check_state_dir()
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
-        app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()))
+        metrics = cached_metrics_app(CachedExposition(self.store), make_wsgi_app(self.registry))  # bursts share renders
+        app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()), metrics)
         app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78
         self._http = HttpServer(host, port, app, wrap_socket)
         for slot in self._active_slots():

@@ -137,6 +137,8 @@ def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None =
             raise ConfigError(source, "", f"cannot read the file: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(source, "", f"not valid TOML: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # tomllib: a 4300+ digit integer, arrays nested thousands deep
+            raise ConfigError(source, "", f"not a usable TOML document: {str(exc)[:200]}") from None
     sections: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in _SECTIONS:
@@ -188,7 +190,10 @@ def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
     if "float" in text:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(source, key, f"must be a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # TOML integers may exceed what a float holds
+            raise ConfigError(source, key, "must be a number within range, got a huge integer") from None
     if "int" in text:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"must be a whole number, got {value!r}")
@@ -294,6 +299,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep:
         raise ValueError(f"{listen!r} is not HOST:PORT (e.g. ':9845' or '127.0.0.1:9845')")
     host = host.strip("[]")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"port {port_text!r} in {listen!r} must be a number from 0 to 65535")
     return host, int(port_text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -44,6 +45,14 @@ class _Server(ThreadingMixIn, WSGIServer):
     request_queue_size = 128
     wrap_socket: Callable[[socket.socket], socket.socket] | None = None  # TLS (gpuwatch.webconfig)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that stalls past the timeout or resets is routine: a debug line, not a traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("connection from %s ended: %s", client_address, exc)
+        else:
+            log.error("request from %s failed", client_address, exc_info=True)
+
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Runs in the connection's own thread, so a slow or failing TLS handshake never blocks other scrapes."""
         if self.wrap_socket is None:
@@ -60,8 +69,13 @@ class _Server(ThreadingMixIn, WSGIServer):
             tls.close()
 
 
-def make_app(registry: CollectorRegistry, health: HealthCheck, status_page: StatusPage) -> Callable[..., Any]:
-    metrics_app = make_wsgi_app(registry)
+def make_app(
+    registry: CollectorRegistry,
+    health: HealthCheck,
+    status_page: StatusPage,
+    metrics_app: Callable[..., Any] | None = None,  # the agent's: gpuwatch.exposition_cache
+) -> Callable[..., Any]:
+    metrics_app = metrics_app or make_wsgi_app(registry)
 
     def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")

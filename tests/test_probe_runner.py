@@ -18,7 +18,7 @@ from simnode import SimAgent
 from gpuwatch.config import ProbeSection
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.results import RESULTS
-from gpuwatch.probe.runner import ProbeRunner, _pids_of
+from gpuwatch.probe.runner import PROC_PID_INIT_INO, ProbeRunner, _pids_of, pid_namespace_inode
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=30.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
@@ -28,6 +28,7 @@ QUICK = ProbeSection(
 def runner(sim: SimAgent, tmp_path: Path, settings: ProbeSection = QUICK, **kw: object) -> ProbeRunner:
     """A runner over the SimAgent's store; simulated worker unless a worker_command is given."""
     kw.setdefault("simulated_slowdown", sim.node.probe_slowdown)
+    kw.setdefault("pid_namespace_inode", lambda: PROC_PID_INIT_INO)  # the host's, even where CI runs in a container
     return ProbeRunner(settings, sim.agent.store, tmp_path, clock=sim.clock.wall, **kw)  # type: ignore[arg-type]
 
 
@@ -99,6 +100,41 @@ def test_no_engine_is_skipped_unsupported_never_failed(sim: SimAgent, tmp_path: 
     engine = dataclasses.replace(QUICK, engine="cupy")
     outcomes = runner(sim, tmp_path, engine, simulated_slowdown=None, engines=lambda: ["cupy"]).run(gpus={0})
     assert outcomes[0].result == "skipped_unsupported", outcomes[0].reason
+
+
+def test_a_container_pid_namespace_is_skipped_unsupported_and_says_why(
+    sim: SimAgent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML reports host PIDs; in a PID namespace of its own the runner cannot tell its children from others."""
+    other = tmp_path / "not-a-pid-namespace"
+    other.write_text("")
+    assert pid_namespace_inode(other) == other.stat().st_ino != PROC_PID_INIT_INO
+    assert pid_namespace_inode(tmp_path / "missing") is None
+    command = [sys.executable, "-c", "print('not a result')"]  # a worker that ran is `failed`, never skipped
+    probe = runner(
+        sim,
+        tmp_path,
+        simulated_slowdown=None,
+        worker_command=command,
+        engines=lambda: ["cupy"],
+        pid_namespace_inode=lambda: pid_namespace_inode(other),
+    )
+    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+        first, second = probe.run(), probe.run()
+    assert {o.result for o in first + second} == {"skipped_unsupported"}  # the worker never ran (it would fail)
+    assert "own PID namespace" in first[0].reason and "hostPID: true" in first[0].reason
+    assert sum("own PID namespace" in r.getMessage() for r in caplog.records) == 1  # logged once, not every round
+    # The host's namespace, or one that cannot be read (no /proc/self/ns): the probe runs (and its worker fails).
+    for inode in (PROC_PID_INIT_INO, None):
+        ran = runner(
+            sim,
+            tmp_path,
+            simulated_slowdown=None,
+            worker_command=command,
+            engines=lambda: ["cupy"],
+            pid_namespace_inode=lambda inode=inode: inode,
+        ).run(gpus={0})
+        assert ran[0].result == "failed", ran[0].reason
 
 
 def test_mig_and_exclusive_compute_mode_are_skipped_unsupported(sim: SimAgent, tmp_path: Path) -> None:

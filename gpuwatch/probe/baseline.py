@@ -71,6 +71,7 @@ class Baselines:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / BASELINES_FILE
         self._lock_path = state_dir / f".{BASELINES_FILE}.lock"
+        self._failing = False  # a read-only or full state dir is said once, not at every probe of every GPU
 
     def load(self) -> dict[str, Baseline]:
         """Every GPU's baseline; a missing or unusable file gives {} (an unusable one is moved aside and logged)."""
@@ -211,7 +212,13 @@ class Baselines:
         try:
             atomic_write_json(self.path, doc)
         except StateDirError as exc:
-            log.warning("%s; the probe baseline is kept for this run only", exc)
+            if not self._failing:
+                log.warning("%s; the probe baseline is kept for this run only", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("wrote %s again after earlier failures", self.path)
+        self._failing = False
 
 
 def _parse(entry: Any) -> Baseline | None:

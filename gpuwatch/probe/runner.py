@@ -4,10 +4,11 @@ By default the probe runs only when every GPU of the node is idle (no compute pr
 all of them at once (one child each, so peers share thermal state). MIG, exclusive or prohibited compute mode and a
 missing engine are skipped_unsupported; a busy node is skipped_busy; a result is discarded (skipped_busy) when a
 process other than our own children appeared on the GPU while it ran — NVML reports host PIDs, so our children are
-recognised by every PID of their ``/proc/<pid>/status`` NSpid line. Each child runs in its own process group and is
-SIGKILLed with it at the timeout. While the children run, the runner reads the store's fresh samples: it tells a
-worker when its GPU reached the power limit (so warm-up ends at steady state) and keeps the mean SM clock, mean power
-and peak core temperature. A per-GPU lock file keeps a CLI probe and the agent's apart.
+recognised by every PID of their ``/proc/<pid>/status`` NSpid line — which only holds the host PID in the host's PID
+namespace, so in a container without it every probe is skipped_unsupported with that reason. Each child runs in its
+own process group and is SIGKILLed with it at the timeout. While the children run, the runner reads the store's
+fresh samples: it tells a worker when its GPU reached the power limit (so warm-up ends at steady state) and keeps
+the mean SM clock, mean power and peak core temperature. A per-GPU lock file keeps a CLI probe and the agent's apart.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", 
 WATCH_INTERVAL_SECONDS = 0.05
 CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
 KILL_WAIT_SECONDS = 5.0  # how long a SIGKILLed child may take to die before it is left to a later round's poll()
+# A worker whose resident host memory passes this is killed (a runaway must not push the node into the OOM killer).
+# RSS, not RLIMIT_AS: CUDA and ROCm reserve terabytes of virtual address space, which an address-space limit breaks.
+WORKER_MEMORY_LIMIT_BYTES = 16 * 2**30
+PID_NAMESPACE_PATH = Path("/proc/self/ns/pid")
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode of the initial (host) PID namespace
+NOT_HOST_PID_NAMESPACE = (
+    "the agent runs in its own PID namespace (a container without hostPID): NVML reports host PIDs that this "
+    "/proc cannot map to the probe's children, so every probe would look busy; run it with the host PID namespace "
+    "(Kubernetes: hostPID: true; docker: --pid=host)"
+)
 
 
 def worker_argv() -> list[str]:
@@ -68,6 +79,7 @@ class _Child:
     foreign_pids: set[int] = field(default_factory=set)
     seen: dict[float, GpuSample] = field(default_factory=dict)
     ended: float | None = None
+    memory_exceeded: int = 0  # the RSS (bytes) at which it was killed for passing the memory limit
 
 
 class ProbeRunner:
@@ -84,8 +96,11 @@ class ProbeRunner:
         clock: Callable[[], float] = time.time,
         progress: Callable[[str], None] | None = None,
         engines: Callable[[], list[str]] = available_engines,
+        pid_namespace_inode: Callable[[], int | None] = lambda: pid_namespace_inode(PID_NAMESPACE_PATH),
+        memory_limit_bytes: int = WORKER_MEMORY_LIMIT_BYTES,
     ) -> None:
         self.settings = settings
+        self._memory_limit_bytes = memory_limit_bytes
         self._store = store
         self._state_dir = state_dir
         self._simulated = simulated_slowdown
@@ -93,6 +108,8 @@ class ProbeRunner:
         self._clock = clock
         self._progress = progress
         self._engines = engines
+        self._pid_namespace_inode = pid_namespace_inode
+        self._namespace_logged = False
         self.baselines = Baselines(state_dir)
         self._children: list[_Child] = []
         self._children_lock = threading.Lock()
@@ -145,6 +162,8 @@ class ProbeRunner:
                 continue
             if why is None and self._simulated is None and not self._engines():
                 why = "no probe engine installed: pip install 'gpuwatch[probe]' (CuPy) or PyTorch beside gpuwatch"
+            if why is None and self._simulated is None and not self._in_host_pid_namespace():
+                why = NOT_HOST_PID_NAMESPACE
             if why is not None:
                 outcomes.append(self._outcome(identity, "skipped_unsupported", why))
             else:
@@ -176,6 +195,16 @@ class ProbeRunner:
                 _kill_group(child.proc)
 
     # --- policy ---------------------------------------------------------------------------------------------
+
+    def _in_host_pid_namespace(self) -> bool:
+        """False inside a PID namespace of its own, where NSpid cannot match NVML's host PIDs (logged once)."""
+        inode = self._pid_namespace_inode()
+        if inode is None or inode == PROC_PID_INIT_INO:  # unknown (no /proc/self/ns): assume the host's
+            return True
+        if not self._namespace_logged:
+            log.warning("probe disabled: %s", NOT_HOST_PID_NAMESPACE)
+            self._namespace_logged = True
+        return False
 
     def _reap_stuck(self) -> dict[str, int]:
         """Reap the children that survived SIGKILL in an earlier round; the UUIDs of those still alive, with PIDs."""
@@ -348,6 +377,13 @@ class ProbeRunner:
             for child in running:
                 if child.proc.poll() is not None:
                     child.ended = now
+                elif (rss := _rss(child.proc.pid)) > self._memory_limit_bytes:
+                    child.memory_exceeded = rss
+                    _kill_group(child.proc)
+                    if child.proc.poll() is None:  # reaped in a later round, as a timed-out one stuck in the driver
+                        child.unkillable = True
+                        self._stuck.append(child)
+                    child.ended = now
                 elif now >= child.deadline or self._stopping.is_set():
                     child.timed_out = not self._stopping.is_set()
                     _kill_group(child.proc)  # waits a bounded time: a worker stuck in the driver may not die
@@ -389,6 +425,11 @@ class ProbeRunner:
             if child.proc.stdin is not None:
                 child.proc.stdin.close()
         identity = child.identity
+        if child.memory_exceeded:
+            used, limit = child.memory_exceeded / 2**20, self._memory_limit_bytes / 2**20
+            why = f"used {used:.0f} MiB of host memory, over the {limit:.0f} MiB limit; killed"
+            log.warning("probe on GPU %d failed: %s", identity.index, why)
+            return self._outcome(identity, "failed", why)
         if child.timed_out:
             killed = "could not be killed (stuck in the driver?)" if child.unkillable else "killed"
             return self._outcome(identity, "timeout", f"no result within {self.settings.timeout_seconds:g} s; {killed}")
@@ -492,6 +533,22 @@ def _telemetry(samples: list[GpuSample]) -> Telemetry:
         temperature_celsius=max(temps) if temps else None,
         samples=len(samples),
     )
+
+
+def pid_namespace_inode(path: Path) -> int | None:
+    """The inode of a PID namespace link (PROC_PID_INIT_INO for the host's), or None where it cannot be read."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _rss(pid: int) -> int:
+    """Resident memory of a running process in bytes; 0 once it is gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
 
 
 def _pids_of(pid: int, *, recursive: bool = False) -> set[int]:

@@ -1,0 +1,88 @@
+"""/metrics rendered once per store state: concurrent scrapes of an unchanged store share one render.
+
+Rendering ~600 series is pure Python (~15 ms, holding the GIL), so 200 scrapers at once would queue for seconds. Each
+request still takes its own store snapshot; the body is reused only when that snapshot equals the one the body was
+rendered from (every field but the clock) and the same GPUs are fresh. So a response is always exactly what its own
+snapshot would render: nothing the store no longer holds, no GPU served after it went stale. Renders run one at a
+time under a lock, so a burst renders once and the others wait for that body instead of rendering it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+from urllib.parse import parse_qs
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.store import SampleStore, StoreSnapshot
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class _OneSnapshot:
+    """Stands in for the store so the collector renders exactly the snapshot the cache key was taken from."""
+
+    def __init__(self, snap: StoreSnapshot) -> None:
+        self._snap = snap
+
+    def snapshot(self) -> StoreSnapshot:
+        return self._snap
+
+
+def _key(snap: StoreSnapshot) -> tuple[StoreSnapshot, frozenset[str]]:
+    """What the rendered body depends on: the snapshot without its clock, and which GPUs are fresh at that clock."""
+    fresh = frozenset(uuid for uuid in snap.identities if snap.fresh(uuid) is not None)
+    return dataclasses.replace(snap, now=0.0), fresh
+
+
+class CachedExposition:
+    """The current body per (format, gzip), rebuilt when a request's snapshot differs from the cached one."""
+
+    def __init__(self, store: SampleStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._key: tuple[StoreSnapshot, frozenset[str]] | None = None
+        self._bodies: dict[tuple[str, bool], bytes] = {}
+        self.renders = 0  # how many times a body was built (for tests and benchmarks)
+
+    def render(self, accept: str | None, compress: bool) -> tuple[str, bytes]:
+        """(content type, body) for a scrape that accepts `accept` and, when `compress`, gzip."""
+        encoder, content_type = choose_encoder(accept or "")
+        snap = self._store.snapshot()
+        key = _key(snap)
+        with self._lock:
+            if key != self._key:  # NaN readings never compare equal: such a store is simply rendered every time
+                self._key, self._bodies = key, {}
+            body = self._bodies.get((content_type, compress))
+            if body is None:
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(GpuwatchCollector(cast(SampleStore, _OneSnapshot(snap))))
+                body = encoder(registry)
+                if compress:
+                    body = gzip.compress(body)
+                self._bodies[(content_type, compress)] = body
+                self.renders += 1
+            return content_type, body
+
+
+def cached_metrics_app(cache: CachedExposition, fallback: WsgiApp) -> WsgiApp:
+    """A /metrics WSGI app serving GET from the cache; `name[]` filters and other methods go to `fallback`."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
+            return fallback(environ, start_response)
+        compress = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")
+        content_type, body = cache.render(environ.get("HTTP_ACCEPT"), compress)
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if compress:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
+
+    return app

@@ -1,0 +1,49 @@
+"""The shared /metrics render: reused only while the store is unchanged and the same GPUs are fresh, so a cached body
+is always what a fresh render of the request's own moment gives."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from simnode import SimAgent
+
+from gpuwatch.exposition_cache import CachedExposition
+from gpuwatch.store import STALE_AFTER_POLLS
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def up(body: bytes) -> set[float]:
+    return {
+        s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == "gpuwatch_gpu_up"
+    }
+
+
+def test_the_cached_body_always_equals_a_fresh_render(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="mixed", gpus=4)
+    try:
+        cache = CachedExposition(sim.agent.store)
+        sim.run(3.0)
+        _, first = cache.render(None, False)
+        assert first == generate_latest(sim.agent.registry)
+        assert cache.render(None, False)[1] == first and cache.renders == 1  # unchanged store: one render shared
+        _, zipped = cache.render(None, True)
+        assert gzip.decompress(zipped) == first
+        content_type, om = cache.render(OPENMETRICS, False)
+        assert content_type.startswith("application/openmetrics-text") and om.endswith(b"# EOF\n")
+        sim.run(2.0)  # polls changed the store: a new render, equal to the registry's own
+        _, second = cache.render(None, False)
+        assert second != first and second == generate_latest(sim.agent.registry)
+        assert up(second) == {1.0}
+        # No poll, only time passing: once the readings go stale the cached body must not be served.
+        sim.clock.elapsed += STALE_AFTER_POLLS * sim.agent.config.agent.poll_interval_seconds + 0.5
+        _, stale = cache.render(None, False)
+        assert up(stale) == {0.0} and stale == generate_latest(sim.agent.registry)
+    finally:
+        sim.close()
