@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import free_port_range
 from promrules import PROM_DIR, ROOT
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -66,23 +67,6 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _free_range(n: int) -> int:
-    for base in range(20000 + (int(time.time()) % 200) * 50, 60000, 97):
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 @dataclass
@@ -154,7 +138,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     tmp = tmp_path_factory.mktemp("e2e")
     prom_port, am_port, hook_port = _free_ports(3)
-    base = _free_range(NODES)
+    base = free_port_range(NODES)
     hook = Webhook()
     server = _serve_webhook(hook, hook_port)
 

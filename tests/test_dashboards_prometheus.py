@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port
+from conftest import free_port, free_port_range
 from dashboard_queries import REPO, PanelQuery, dashboards, panels, queries, substitute
 
 DEPLOY = REPO / "deploy" / "prometheus"
@@ -68,7 +68,7 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("prometheus not installed (apt-get install prometheus)")
     tmp = tmp_path_factory.mktemp("dash-e2e")
     targets = tmp / "targets.json"
-    port_base = free_port()
+    port_base = free_port_range(NODES)
     # Probes often enough to learn baselines within the test; a configured limit so its panel has data.
     fleet_config = tmp / "fleet.toml"
     fleet_config.write_text("[probe]\ninterval_seconds = 3.0\n[gpus]\npower_limit_watts = 700\n")

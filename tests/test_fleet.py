@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port_range
 
 from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -50,26 +50,9 @@ def test_a_gpu_scenario_faults_only_that_gpu() -> None:
     assert node.plan(1).power_limit_watts == 450.0 and node.plan(1).busy
 
 
-def _free_base(n: int) -> int:
-    for base in range(31000, 60000, 101):
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
 def test_fleet_in_several_processes_serves_every_node(tmp_path: Path, vendor: str) -> None:
-    base = _free_base(3)
+    base = free_port_range(3)
     targets = tmp_path / "targets.json"
     cmd = [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", "3", "--gpus", "2", "--port-base", str(base)]
     cmd += ["--vendor", vendor]
