@@ -86,3 +86,29 @@ def test_the_simulated_worker_is_a_realistic_h100_slowed_by_the_scenario() -> No
     assert code == 0 and 680e12 < healthy["flops_median"] < 700e12 and healthy["power_capped"] is True
     code, slow = run("--simulate", "--seed", "1", "--simulate-seconds", "0", "--slowdown", "0.2")
     assert slow["flops_median"] == pytest.approx(0.8 * healthy["flops_median"])
+
+
+def test_device_timing_loop_times_every_matmul_between_its_events() -> None:
+    """The loop both GPU engines share, driven by host-clock events: one interval per matmul, over the window."""
+    import time
+
+    from gpuwatch.probe.engines import _timed_on_device
+
+    class HostEvent:
+        def record(self) -> None:
+            self.at = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+    runs: list[float] = []
+    times = _timed_on_device(
+        lambda: runs.append(time.sleep(0.002) or 0.0),
+        HostEvent,
+        lambda start, end: (end.at - start.at) * 1000.0,
+        0.05,
+        4,
+    )
+    assert len(times) == len(runs) and len(runs) % 4 == 0 and len(runs) >= 8
+    assert all(0.0015 < t < 0.05 for t in times)
+    assert sum(times) >= 0.05

@@ -14,6 +14,7 @@ import importlib.util
 import re
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -126,24 +127,13 @@ class TorchEngine(Engine):
         if self.device == "cpu":
             return _timed_on_host(self.run, seconds)
         event = self._torch.cuda.Event
-        marks = [event(enable_timing=True)]
-        marks[0].record()
-        started = time.perf_counter()
-        waiting_on = None
-        while True:
-            for _ in range(batch):
-                self.run(1)
-                mark = event(enable_timing=True)
-                mark.record()
-                marks.append(mark)
-            # The next batch is queued before we wait on this one, so the GPU never runs dry while we look.
-            if waiting_on is not None:
-                waiting_on.synchronize()
-                if time.perf_counter() - started >= seconds:
-                    break
-            waiting_on = marks[-1]
-        marks[-1].synchronize()
-        return [marks[i].elapsed_time(marks[i + 1]) / 1000.0 for i in range(len(marks) - 1)]
+        return _timed_on_device(
+            lambda: self.run(1),
+            lambda: event(enable_timing=True),
+            lambda start, end: start.elapsed_time(end),
+            seconds,
+            batch,
+        )
 
     def copies(self, nbytes: int) -> dict[str, Any]:
         torch = self._torch
@@ -266,24 +256,8 @@ class CupyEngine(Engine):
         self._cp.cuda.Device(0).synchronize()
 
     def timed(self, seconds: float, batch: int) -> list[float]:
-        cp = self._cp
-        marks = [cp.cuda.Event()]
-        marks[0].record()
-        started = time.perf_counter()
-        waiting_on = None
-        while True:
-            for _ in range(batch):
-                self._gemm()
-                mark = cp.cuda.Event()
-                mark.record()
-                marks.append(mark)
-            if waiting_on is not None:
-                waiting_on.synchronize()
-                if time.perf_counter() - started >= seconds:
-                    break
-            waiting_on = marks[-1]
-        marks[-1].synchronize()
-        return [cp.cuda.get_elapsed_time(marks[i], marks[i + 1]) / 1000.0 for i in range(len(marks) - 1)]
+        cuda = self._cp.cuda
+        return _timed_on_device(self._gemm, cuda.Event, cuda.get_elapsed_time, seconds, batch)
 
     def copies(self, nbytes: int) -> dict[str, Any]:
         numpy: Any = importlib.import_module("numpy")
@@ -309,6 +283,35 @@ class CupyEngine(Engine):
 
 
 # --- shared timing helpers -------------------------------------------------------------------------------------------
+
+
+def _timed_on_device(
+    run_one: Callable[[], Any],
+    new_event: Callable[[], Any],
+    elapsed_ms: Callable[[Any, Any], float],
+    seconds: float,
+    batch: int,
+) -> list[float]:
+    """Seconds per matmul from device events around each one, over at least `seconds` of wall time.
+
+    The next batch is queued before we wait on this one, so the GPU never runs dry while we look at the clock."""
+    marks = [new_event()]
+    marks[0].record()
+    started = time.perf_counter()
+    waiting_on = None
+    while True:
+        for _ in range(batch):
+            run_one()
+            mark = new_event()
+            mark.record()
+            marks.append(mark)
+        if waiting_on is not None:
+            waiting_on.synchronize()
+            if time.perf_counter() - started >= seconds:
+                break
+        waiting_on = marks[-1]
+    marks[-1].synchronize()
+    return [elapsed_ms(marks[i], marks[i + 1]) / 1000.0 for i in range(len(marks) - 1)]
 
 
 def _timed_on_host(run: Any, seconds: float) -> list[float]:
