@@ -173,20 +173,20 @@ def _health_cell(v: GpuView) -> str:
     return "".join(f'<span class="flag {f.level}">{html.escape(f.text)}</span>' for f in flags)
 
 
-def _temp_cell(v: GpuView) -> str:
+def _temperature_against(v: GpuView, sensor: str, threshold: str) -> str:
     s = v.sample
     assert s is not None
-    core = s.temperature_celsius.get("core")
-    slowdown = s.temperature_threshold_celsius.get(("core", "slowdown"))
-    return f"{_num(core)} <small>/ {_num(slowdown)}</small>"
+    now = s.temperature_celsius.get(sensor)
+    limit = s.temperature_threshold_celsius.get((sensor, threshold))
+    return f"{_num(now)} <small>/ {_num(limit)}</small>"
+
+
+def _temp_cell(v: GpuView) -> str:
+    return _temperature_against(v, "core", "slowdown")
 
 
 def _memory_temp_cell(v: GpuView) -> str:
-    s = v.sample
-    assert s is not None
-    memory = s.temperature_celsius.get("memory")
-    memory_max = s.temperature_threshold_celsius.get(("memory", "max_operating"))
-    return f"{_num(memory)} <small>/ {_num(memory_max)}</small>"
+    return _temperature_against(v, "memory", "max_operating")
 
 
 def _power_cell(v: GpuView) -> str:

@@ -120,22 +120,15 @@ def test_sigint_also_stops_cleanly(agent: Agent) -> None:
     assert agent.proc.returncode == 0, out
 
 
+def run_simulated_once(listen: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`gpuwatch run` expected to exit at start-up: its status and messages."""
+    args = ("run", "--backend", "simulated", "--listen", listen, "--state-dir", str(state_dir))
+    return subprocess.run(gpuwatch(*args), capture_output=True, text=True, timeout=30)
+
+
 def test_port_in_use_exits_69_naming_the_port(agent: Agent, tmp_path: Path) -> None:
     agent.wait_ready()
-    result = subprocess.run(
-        gpuwatch(
-            "run",
-            "--backend",
-            "simulated",
-            "--listen",
-            f"127.0.0.1:{agent.port}",
-            "--state-dir",
-            str(tmp_path / "other"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_simulated_once(f"127.0.0.1:{agent.port}", tmp_path / "other")
     assert result.returncode == 69
     assert str(agent.port) in result.stderr and "in use" in result.stderr
     assert "Traceback" not in result.stderr
@@ -144,20 +137,7 @@ def test_port_in_use_exits_69_naming_the_port(agent: Agent, tmp_path: Path) -> N
 def test_unwritable_state_dir_exits_69(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = subprocess.run(
-        gpuwatch(
-            "run",
-            "--backend",
-            "simulated",
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--state-dir",
-            str(blocker / "state"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_simulated_once(f"127.0.0.1:{free_port()}", blocker / "state")
     assert result.returncode == 69
     assert "state dir" in result.stderr and "not writable" in result.stderr
 
