@@ -82,6 +82,11 @@ def make_app(
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", b"use GET\n", extra=[("Allow", "GET, HEAD")])
+        if method == "HEAD":  # load balancers and uptime checkers ask this way: GET's headers, no body
+            body = app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            if hasattr(body, "close"):
+                body.close()
+            return []
         if path == "/metrics":
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
         if path == "/healthz":

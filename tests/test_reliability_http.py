@@ -133,6 +133,19 @@ def test_unknown_paths_and_wrong_methods(live: LiveAgent) -> None:
     assert_metrics_correct(live)
 
 
+def test_head_answers_with_the_headers_of_get_and_no_body(live: LiveAgent) -> None:
+    for path, content_type in (("/metrics", b"text/plain"), ("/healthz", b"text/plain"), ("/", b"text/html")):
+        answer = raw_exchange(live.port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+        assert lines[0].split(b" ")[1] == b"200", (path, lines[0])
+        assert headers[b"content-type"].startswith(content_type), (path, headers)
+        assert int(headers.get(b"content-length", b"1")) > 0, (path, headers)  # GET's length, not the empty body's
+        assert body == b"", (path, body[:100])
+    assert_metrics_correct(live)
+
+
 def test_clients_that_disconnect_mid_response(live: LiveAgent, capfd: pytest.CaptureFixture[str]) -> None:
     for _ in range(50):
         with socket.create_connection(("127.0.0.1", live.port), timeout=5) as sock:
