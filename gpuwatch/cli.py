@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path)
     check.add_argument("--backend", choices=BACKENDS)
     check.add_argument("--listen")
+    check.add_argument("--web-config", metavar="PATH", help="TLS / basic auth file to validate")
     check.add_argument("--state-dir", type=Path)
     sub.add_parser("version", help="versions of gpuwatch and the vendor libraries found")
     _add_probe_parser(sub)

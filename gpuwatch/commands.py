@@ -14,7 +14,7 @@ from typing import Any
 from gpuwatch import __version__
 from gpuwatch.agent import BackendSlot, build_sources
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.config import Config, parse_listen
+from gpuwatch.config import Config, ConfigError, parse_listen
 from gpuwatch.host.report import check_host, host_json, print_host_table, read_host
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading
@@ -22,6 +22,7 @@ from gpuwatch.statefile import StateDirError, check_state_dir
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 69
+EXIT_CONFIG = 78
 
 
 def version() -> int:
@@ -147,6 +148,8 @@ def check(config: Config) -> int:
         report(readable, f"device {device}", "read/write" if readable else "no read/write access for this user")
     report(*_check_state_dir(config))
     report(*_check_port(config))
+    web_config_ok = _check_web_config(config)
+    failures += 0 if web_config_ok else 1
     for level, what, detail in check_host(sources.host, config.agent.disable_collectors):
         if level == "FAIL":
             report(False, what, detail)
@@ -162,7 +165,30 @@ def check(config: Config) -> int:
     print(describe_engines(config))  # optional: without an engine every probe is skipped_unsupported
     for line in _uncapped_baselines(config):
         print(line)
+    if not web_config_ok:
+        return EXIT_CONFIG  # what `gpuwatch run` would exit with on the same file
     return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
+
+
+def _check_web_config(config: Config) -> bool:
+    """Load the web config as the agent would (certificates, keys, hashes), so a bad one fails here, not at start."""
+    path = config.agent.web_config
+    if not path:
+        print("[ok] web config: none (plain HTTP, no authentication)")
+        return True
+    from gpuwatch.webconfig import load_web_config
+
+    try:
+        web = load_web_config(Path(path))
+    except ConfigError as exc:
+        print(f"[FAIL] web config {path}: {exc}")
+        return False
+    tls = "TLS" if web.tls is not None else "plain HTTP"
+    if web.tls is not None and web.client_allowed_sans:
+        tls += f", client certificates limited to {len(web.client_allowed_sans)} SAN(s)"
+    users = f"basic auth for {len(web.users)} user(s)" if web.users else "no basic auth"
+    print(f"[ok] web config {path}: {tls}, {users}")
+    return True
 
 
 def _uncapped_baselines(config: Config) -> list[str]:

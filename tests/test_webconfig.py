@@ -313,6 +313,34 @@ def test_the_agent_exits_78_naming_the_key(tmp_path: Path) -> None:
     assert f"{web}: basic_auth_users.prometheus" in result.stderr
 
 
+def test_check_validates_the_web_config_as_the_agent_would(tmp_path: Path, pki: Pki) -> None:
+    def check(*flags: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "gpuwatch", "check", "--backend", "simulated", *flags]
+        cmd += ["--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state")]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    plain_hash = "basic_auth_users:\n  prometheus: hunter2\n"  # a password where a bcrypt hash belongs
+    bad = check("--web-config", str(write(tmp_path / "bad.yml", plain_hash)))
+    assert bad.returncode == 78, bad.stdout + bad.stderr  # as `gpuwatch run` would exit on that file
+    assert f"[FAIL] web config {tmp_path / 'bad.yml'}: " in bad.stdout and "basic_auth_users.prometheus" in bad.stdout
+    assert "Traceback" not in bad.stderr
+
+    missing_key = check(
+        "--web-config", str(write(tmp_path / "tls.yml", f"tls_server_config:\n  cert_file: {pki.server_cert}\n"))
+    )
+    assert missing_key.returncode == 78 and "tls_server_config.key_file" in missing_key.stdout
+
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    good_text = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+    good_text += f"basic_auth_users:\n  prometheus: '{hashed}'\n"
+    good = check("--web-config", str(write(tmp_path / "good.yml", good_text)))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"[ok] web config {tmp_path / 'good.yml'}: TLS, basic auth for 1 user(s)" in good.stdout
+
+    none = check()
+    assert none.returncode == 0 and "[ok] web config: none" in none.stdout
+
+
 def test_the_agent_serves_tls_from_the_config_file(tmp_path: Path, pki: Pki) -> None:
     web = write(
         tmp_path / "web.yml", f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
