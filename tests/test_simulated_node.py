@@ -894,3 +894,22 @@ def test_readings_do_not_depend_on_how_often_anyone_looked() -> None:
     assert a.throttle_seconds == pytest.approx(b.throttle_seconds)
     assert a.energy_joules == pytest.approx(b.energy_joules)
     assert a.temperature_core_celsius == b.temperature_core_celsius
+
+
+def test_a_node_simulated_for_a_day_holds_a_bounded_noise_cache() -> None:
+    """The noise is a pure function of (seed, GPU, channel, time): its cache must stay small however long a demo or a
+    simulated fleet runs, and must never change a reading."""
+    from gpuwatch.simulated.physics import _JITTER_CACHE_ENTRIES, Jitter
+
+    clock = FakeClock()
+    node = SimulatedNode("healthy", gpus=2, seed=7, clock=clock)
+    readings = []
+    for step in range(24 * 60):  # a day at one poll a minute
+        clock.t = step * 60.0
+        readings.append(node.state(0).power_watts)
+    assert max(len(j._cache) for j in node._jitter) <= _JITTER_CACHE_ENTRIES
+    fresh = Jitter(node._jitter[0].seed, 0)
+    assert [fresh.at(0, t, 2.0) for t in (0.5, 43_200.3, 86_000.9)] == [
+        node._jitter[0].at(0, t, 2.0) for t in (0.5, 43_200.3, 86_000.9)
+    ]
+    assert len(set(readings)) > 100  # the noise still moves
