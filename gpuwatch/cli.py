@@ -31,6 +31,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69
 EXIT_CONFIG = 78
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipeline member killed by it
 
 log = logging.getLogger("gpuwatch")
 
@@ -196,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpuwatch: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except BrokenPipeError:  # `gpuwatch snapshot | head`: the reader left; stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not raise again
+        return EXIT_BROKEN_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:

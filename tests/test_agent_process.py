@@ -156,6 +156,17 @@ def test_bad_usage_exits_2() -> None:
     assert result.returncode == 2
 
 
+def test_a_reader_that_leaves_early_ends_snapshot_quietly() -> None:
+    """`gpuwatch snapshot | head`: the pipe closes before the output is written; no traceback, SIGPIPE's status."""
+    cmd = [sys.executable, "-m", "gpuwatch", "snapshot", "--backend", "simulated", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.close()  # long before the interpreter has started and polled
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_missing_driver_is_never_an_exit(tmp_path: Path) -> None:
     a = Agent(tmp_path, "--scenario", "backend_down")
     try:
