@@ -4,6 +4,7 @@ driving the exported metrics through the real agent."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import textwrap
@@ -361,3 +362,27 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     config = load_config(None, {"agent": {"state_dir": str(tmp_path)}})
     (line,) = _uncapped_baselines(config)  # `gpuwatch check` says it
     assert line.startswith("[warn] probe baseline of GPU ") and "never reached the power limit" in line
+
+
+def test_an_engine_fallback_is_noted_on_every_result_and_logged_once(
+    sim: SimAgent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker ran on torch because CuPy could not run: a result, but never a silent one."""
+    script = tmp_path / "fell_back.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, subprocess, sys
+        out = subprocess.run([sys.executable, "-m", "gpuwatch.probe.worker", *sys.argv[1:]], capture_output=True)
+        doc = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        doc["engines_passed_over"] = ["cupy: CuPy 13.9.9 cannot reach a GPU: cudaErrorInsufficientDriver"]
+        print(json.dumps(doc))
+        """)
+    )
+    probe = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    with caplog.at_level(logging.WARNING, logger="gpuwatch"):
+        first, second = probe.run(gpus={0})[0], probe.run(gpus={0})[0]
+    for outcome in (first, second):
+        assert outcome.result == "ok" and outcome.measured is not None
+        assert outcome.reason.startswith(f"ran on {outcome.measured.engine}, passed over cupy: CuPy 13.9.9 cannot")
+    warnings = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
+    assert len(warnings) == 1 and "cudaErrorInsufficientDriver" in warnings[0]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,53 @@ def test_device_timing_loop_times_every_matmul_between_its_events() -> None:
     assert len(times) == len(runs) and len(runs) % 4 == 0 and len(runs) >= 8
     assert all(0.0015 < t < 0.05 for t in times)
     assert sum(times) >= 0.05
+
+
+BROKEN_CUPY = """
+__version__ = "13.9.9"
+
+
+class _Runtime:
+    @staticmethod
+    def getDeviceCount():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+
+
+class cuda:
+    runtime = _Runtime
+"""
+
+
+@pytest.fixture
+def broken_cupy(tmp_path: Path) -> Path:
+    """A CuPy wheel built for a newer CUDA than the node's driver: it imports, then cannot reach the GPU."""
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(BROKEN_CUPY)
+    return tmp_path
+
+
+def test_auto_goes_past_a_cupy_that_cannot_run_and_says_why(torch_installed: None, broken_cupy: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken_cupy), *sys.path])}
+    proc = subprocess.run([*WORKER, "--engine", "auto", *TINY], capture_output=True, text=True, timeout=120, env=env)
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Here torch is the CPU build, so it cannot run on a GPU either: no engine, with both reasons.
+    assert proc.returncode == 3 and doc["error"] == "no_engine", doc
+    assert "cupy: CuPy 13.9.9 cannot reach a GPU: cudaErrorInsufficientDriver" in doc["message"]
+    assert "torch: torch 2." in doc["message"] and "sees no GPU" in doc["message"]
+
+
+def test_a_failed_engine_hands_over_to_the_next_that_runs(
+    torch_installed: None, broken_cupy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuwatch.probe import engines
+
+    monkeypatch.syspath_prepend(str(broken_cupy))
+    monkeypatch.setattr(engines, "_candidates", lambda choice, vendor, device: ["cupy", "torch"])  # a GPU node's order
+    engine, passed_over = engines.prepared_engine("auto", "nvidia", "cpu", 32, "fp32")
+    assert engine.name == "torch" and engine.device == "cpu"
+    assert passed_over == [
+        "cupy: CuPy 13.9.9 cannot reach a GPU: cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+        "for CUDA runtime version"
+    ]
+    engine.run(1)  # prepared: operands allocated
+    engine.synchronize()

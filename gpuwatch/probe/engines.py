@@ -57,8 +57,30 @@ def available_engines() -> list[str]:
     return [name for name in ("cupy", "torch") if importlib.util.find_spec(name) is not None]
 
 
-def load_engine(choice: str, vendor: str, device: str) -> Engine:
-    """The engine to run: `choice` (auto, cupy, torch); auto = CuPy on NVIDIA when installed, else PyTorch."""
+def prepared_engine(choice: str, vendor: str, device: str, n: int, dtype: str) -> tuple[Engine, list[str]]:
+    """An engine with its operands allocated, and why the engines tried before it were passed over.
+
+    `choice` auto means CuPy on NVIDIA when installed, else PyTorch; when CuPy is installed but cannot run (a wheel
+    for another CUDA than the driver's, a library that fails to load) auto goes on to PyTorch rather than leave the
+    GPU unprobed. The reasons travel with the result, so the fallback is seen, never silent.
+    """
+    names = _candidates(choice, vendor, device)
+    passed_over: list[str] = []
+    for position, name in enumerate(names):
+        try:
+            engine = CupyEngine() if name == "cupy" else TorchEngine(device)
+            engine.prepare(n, dtype)
+            return engine, passed_over
+        except Exception as exc:
+            if position == len(names) - 1:
+                if passed_over and isinstance(exc, NoEngine):
+                    raise NoEngine("; ".join([*passed_over, f"{name}: {exc}"])) from None
+                raise
+            passed_over.append(f"{name}: {' '.join(str(exc).split()) or type(exc).__name__}")
+    raise AssertionError("unreachable: _candidates never returns an empty list")
+
+
+def _candidates(choice: str, vendor: str, device: str) -> list[str]:
     found = available_engines()
     if choice == "auto":
         order = ["cupy", "torch"] if vendor == "nvidia" and device == "gpu" else ["torch"]
@@ -68,14 +90,12 @@ def load_engine(choice: str, vendor: str, device: str) -> Engine:
                 "no probe engine installed: install CuPy (pip install 'gpuwatch[probe]') or PyTorch into the "
                 "agent's Python environment"
             )
-        choice = candidates[0]
+        return candidates
     if choice not in found:
         raise NoEngine(f"probe engine {choice!r} is not installed in this Python environment")
-    if choice == "cupy":
-        if device != "gpu":
-            raise NoEngine("CuPy needs a GPU; use the torch engine on the CPU")
-        return CupyEngine()
-    return TorchEngine(device)
+    if choice == "cupy" and device != "gpu":
+        raise NoEngine("CuPy needs a GPU; use the torch engine on the CPU")
+    return [choice]
 
 
 # --- PyTorch ---------------------------------------------------------------------------------------------------------

@@ -110,6 +110,7 @@ class ProbeRunner:
         self._engines = engines
         self._pid_namespace_inode = pid_namespace_inode
         self._namespace_logged = False
+        self._fallbacks_logged: set[str] = set()  # an engine fallback is logged once, then only noted per result
         self.baselines = Baselines(state_dir)
         self._children: list[_Child] = []
         self._children_lock = threading.Lock()
@@ -481,6 +482,12 @@ class ProbeRunner:
         self._store.probe.set_baseline(identity.uuid, key.dtype, flops)
         if note:
             log.info("probe on GPU %d: %s", identity.index, note)
+        fallback = "; ".join(str(p) for p in doc.get("engines_passed_over") or [])
+        if fallback:
+            note = f"ran on {measured.engine}, passed over {fallback}" + (f"; {note}" if note else "")
+            if fallback not in self._fallbacks_logged:
+                self._fallbacks_logged.add(fallback)
+                log.warning("probe on GPU %d ran on %s, passed over %s", identity.index, measured.engine, fallback)
         if child.explicit_busy:
             note = "the GPU was busy: not comparable with its baseline" + (f"; {note}" if note else "")
         return self._outcome(

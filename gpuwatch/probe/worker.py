@@ -99,12 +99,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     from gpuwatch.probe import engines
 
+    n = args.size
     try:
-        engine = engines.load_engine(args.engine, args.vendor, args.device)
+        engine, passed_over = engines.prepared_engine(args.engine, args.vendor, args.device, n, args.dtype)
     except engines.NoEngine as exc:
         raise _NoEngine(str(exc)) from None
-    n = args.size
-    engine.prepare(n, args.dtype)
     ready = time.perf_counter()
 
     signal = _CapSignal(args.power_signal)
@@ -150,6 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "power_capped": power_capped,
         "startup_seconds": ready - started,
         "wall_seconds": time.perf_counter() - started,
+        "engines_passed_over": passed_over,  # e.g. "cupy: CUDA driver version is insufficient…" before torch ran
         **copies,
     }
 
