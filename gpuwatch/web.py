@@ -82,11 +82,6 @@ def make_app(
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):
             return _reply(start_response, "405 Method Not Allowed", b"use GET\n", extra=[("Allow", "GET, HEAD")])
-        if method == "HEAD":  # load balancers and uptime checkers ask this way: GET's headers, no body
-            body = app({**environ, "REQUEST_METHOD": "GET"}, start_response)
-            if hasattr(body, "close"):
-                body.close()
-            return []
         if path == "/metrics":
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
         if path == "/healthz":
@@ -97,6 +92,22 @@ def make_app(
         return _reply(start_response, "404 Not Found", b"not found; try /metrics, /healthz or /\n")
 
     return app
+
+
+def head_as_get(app: Callable[..., Any]) -> Callable[..., Any]:
+    """HEAD gets GET's status and headers and no body, from every layer (auth and TLS included): load balancers
+    and uptime checkers ask this way."""
+
+    def wrapped(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)  # type: ignore[no-any-return]
+        body = app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
+        return []
+
+    return wrapped
 
 
 def _reply(
@@ -123,7 +134,7 @@ class HttpServer:
     ) -> None:
         server_class = _server_class_for(host, port)
         try:
-            self._server = make_server(host or "", port, app, server_class, handler_class=_QuietHandler)
+            self._server = make_server(host or "", port, head_as_get(app), server_class, handler_class=_QuietHandler)
         except OSError as exc:
             hint = {
                 errno.EADDRINUSE: "another process listens there; stop it or choose another --listen",

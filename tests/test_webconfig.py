@@ -174,6 +174,11 @@ def test_basic_auth_accepts_the_right_password_only(tmp_path: Path, serve: type[
     assert server.get(auth=("prometheus", PASSWORD))[0] == 200  # the cached path gives the same answer
     assert server.get(auth=("prometheus", "wrong"))[0] == 401
     assert server.get("/healthz", auth=("prometheus", PASSWORD))[0] == 200
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:  # HEAD: no body, 401 included
+        sock.sendall(b"HEAD /metrics HTTP/1.0\r\n\r\n")
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 401 ") and b"WWW-Authenticate" in head and body == b""
 
 
 def test_a_password_over_72_bytes_is_refused_with_401_not_a_500(tmp_path: Path, serve: type[Served]) -> None:
