@@ -193,12 +193,16 @@ def _setup_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # short output still sits in the buffer: a closed pipe must show here, not at exit
+        return code
     except ConfigError as exc:
         print(f"gpuwatch: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except BrokenPipeError:  # `gpuwatch snapshot | head`: the reader left; stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
+        os.close(devnull)
         return EXIT_BROKEN_PIPE
 
 

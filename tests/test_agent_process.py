@@ -156,10 +156,14 @@ def test_bad_usage_exits_2() -> None:
     assert result.returncode == 2
 
 
-def test_a_reader_that_leaves_early_ends_snapshot_quietly() -> None:
-    """`gpuwatch snapshot | head`: the pipe closes before the output is written; no traceback, SIGPIPE's status."""
-    cmd = [sys.executable, "-m", "gpuwatch", "snapshot", "--backend", "simulated", "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("command", [["snapshot", "--backend", "simulated", "--json"], ["version"]])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(command: list[str]) -> None:
+    """`gpuwatch snapshot | head`: the pipe closes before the output is written; no traceback, SIGPIPE's status —
+    for long output (written while the command runs) and short (still buffered when it returns)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's stdout is block-buffered
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None
     proc.stdout.close()  # long before the interpreter has started and polled
     _, err = proc.communicate(timeout=60)
