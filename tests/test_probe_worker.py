@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,14 @@ class cuda:
 
 
 @pytest.fixture
+def forget_cupy() -> Iterator[None]:
+    """An in-process test imports its own fake CuPy; no other test may find it in sys.modules."""
+    sys.modules.pop("cupy", None)
+    yield
+    sys.modules.pop("cupy", None)
+
+
+@pytest.fixture
 def broken_cupy(tmp_path: Path) -> Path:
     """A CuPy wheel built for a newer CUDA than the node's driver: it imports, then cannot reach the GPU."""
     (tmp_path / "cupy").mkdir()
@@ -149,7 +158,7 @@ def test_auto_goes_past_a_cupy_that_cannot_run_and_says_why(torch_installed: Non
 
 
 def test_a_failed_engine_hands_over_to_the_next_that_runs(
-    torch_installed: None, broken_cupy: Path, monkeypatch: pytest.MonkeyPatch
+    torch_installed: None, broken_cupy: Path, monkeypatch: pytest.MonkeyPatch, forget_cupy: None
 ) -> None:
     from gpuwatch.probe import engines
 
@@ -163,3 +172,56 @@ def test_a_failed_engine_hands_over_to_the_next_that_runs(
     ]
     engine.run(1)  # prepared: operands allocated
     engine.synchronize()
+
+
+OOM_CUPY = """
+__version__ = "13.9.9"
+
+
+class _Runtime:
+    is_hip = False
+
+    @staticmethod
+    def getDeviceCount():
+        return 1
+
+    @staticmethod
+    def runtimeGetVersion():
+        return 12080
+
+
+class _Device:
+    def __init__(self, index):
+        pass
+
+    def use(self):
+        pass
+
+
+class cuda:
+    runtime = _Runtime
+    Device = _Device
+
+
+class random:
+    @staticmethod
+    def RandomState(seed):
+        raise RuntimeError("cudaErrorMemoryAllocation: out of memory")
+"""
+
+
+def test_a_real_failure_of_the_first_engine_stays_a_failure_when_none_runs(
+    torch_installed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forget_cupy: None
+) -> None:
+    """CuPy reached the GPU and then failed: with a CPU-only torch beside it that is a failed probe (an alert), not
+    'no engine' (a quiet skip)."""
+    from gpuwatch.probe import engines
+
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(OOM_CUPY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        RuntimeError, match=r"^cupy: cudaErrorMemoryAllocation: out of memory; torch: torch 2\."
+    ) as info:
+        engines.prepared_engine("auto", "nvidia", "gpu", 32, "fp32")
+    assert not isinstance(info.value, engines.NoEngine) and "sees no GPU" in str(info.value)

@@ -66,18 +66,28 @@ def prepared_engine(choice: str, vendor: str, device: str, n: int, dtype: str) -
     """
     names = _candidates(choice, vendor, device)
     passed_over: list[str] = []
+    first_error: Exception | None = None  # a real failure (not "cannot run here") must stay a failure
     for position, name in enumerate(names):
         try:
             engine = CupyEngine() if name == "cupy" else TorchEngine(device)
             engine.prepare(n, dtype)
             return engine, passed_over
         except Exception as exc:
+            unusable = isinstance(exc, (NoEngine, ImportError))
+            if first_error is None and not unusable:
+                first_error = exc
             if position == len(names) - 1:
-                if passed_over and isinstance(exc, NoEngine):
-                    raise NoEngine("; ".join([*passed_over, f"{name}: {exc}"])) from None
+                if first_error is not None and first_error is not exc:
+                    raise RuntimeError("; ".join([*passed_over, f"{name}: {_one_line(exc)}"])) from first_error
+                if passed_over and unusable:
+                    raise NoEngine("; ".join([*passed_over, f"{name}: {_one_line(exc)}"])) from None
                 raise
-            passed_over.append(f"{name}: {' '.join(str(exc).split()) or type(exc).__name__}")
+            passed_over.append(f"{name}: {_one_line(exc)}")
     raise AssertionError("unreachable: _candidates never returns an empty list")
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _candidates(choice: str, vendor: str, device: str) -> list[str]:
@@ -132,6 +142,7 @@ class TorchEngine(Engine):
         self._a = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._b = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._out = torch.empty((n, n), device=self._dev, dtype=dt)
+        self.run(1)  # a GEMM that cannot run (no kernel for this dtype here) fails now, where auto can move on
         self.synchronize()
 
     def run(self, count: int) -> None:
@@ -250,6 +261,7 @@ class CupyEngine(Engine):
             matmul = cp.matmul
             self._gemm = lambda: matmul(a, b, out=out)
         self._keep = [a, b, out]
+        self.run(1)  # a cuBLAS call that fails (an unsupported type, a bad argument) fails now, where auto can move on
         self.synchronize()
 
     def _bf16_gemm(self, n: int, a: Any, b: Any, out: Any) -> Any:

@@ -482,7 +482,8 @@ class ProbeRunner:
         self._store.probe.set_baseline(identity.uuid, key.dtype, flops)
         if note:
             log.info("probe on GPU %d: %s", identity.index, note)
-        fallback = "; ".join(str(p) for p in doc.get("engines_passed_over") or [])
+        passed_over = doc.get("engines_passed_over")
+        fallback = "; ".join(str(p) for p in passed_over) if isinstance(passed_over, list) else ""
         if fallback:
             note = f"ran on {measured.engine}, passed over {fallback}" + (f"; {note}" if note else "")
             if fallback not in self._fallbacks_logged:
