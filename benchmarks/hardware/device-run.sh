@@ -33,15 +33,17 @@ SCRATCH=$(mktemp -d) # what the summary already holds: only 8 files come back fr
 
 say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$LOG" >&2; }
-# Run a step; its output goes to the log, its exit status to the summary. A failed step never stops the rest.
+# Run a step with a time limit (the device allows 10 minutes a command; a hung step must not take the others with
+# it); its output goes to the log, its exit status to the summary (124: it ran out of time). A failed step never
+# stops the rest.
 run() {
-  local name=$1
-  shift
+  local name=$1 limit=$2
+  shift 2
   step "$name"
   local started=$SECONDS
-  "$@" >>"$LOG" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
   local rc=$?
-  say "- $name: exit $rc, $((SECONDS - started)) s"
+  say "- $name: exit $rc, $((SECONDS - started)) s (limit $limit s)"
   return $rc
 }
 
@@ -68,53 +70,61 @@ FAKE
   chmod +x "$fake/nvidia-smi"
   export PATH=$fake:$PATH
 elif [ -d .whl ] && compgen -G '.whl/*.whl' >/dev/null; then
+  # A wheel is a zip file: where pip is missing or refuses one (a glibc older than its tag), unpack them all.
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    >>"$LOG" 2>&1 || { echo "installing .whl/ into /tmp/site failed: see $LOG" >&2; exit 1; }
+    >>"$LOG" 2>&1 ||
+    $PY -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall("/tmp/site") for w in sys.argv[1:]]' .whl/*.whl ||
+    { echo "installing .whl/ into /tmp/site failed: see $LOG" >&2; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD
   export PATH=/tmp/site/bin:$PATH
 else
   echo "no wheels in .whl/: run benchmarks/hardware/fetch-wheels.sh here first and carry .whl" >&2
   exit 1
 fi
-GW="$PY -m gpuwatch"
+GW=("$PY" -m gpuwatch)
 
+
+# Each command bounded: a function cannot run under timeout(1) as a whole.
 environment() {
   date -u
   uname -a
-  nvidia-smi -q | sed -n '1,40p'
-  nvidia-smi
-  $PY -c 'import sys, pynvml, torch; print(sys.version); print("nvidia-ml-py", pynvml.__file__); print("torch", torch.__version__, torch.version.cuda)'
-  $PY -c 'import cupy; print("cupy", cupy.__version__)' || true
-  $GW version
-  $GW check "${GPUWATCH_FLAGS[@]::2}" --state-dir "$STATE" --listen 127.0.0.1:9845
+  timeout 30 nvidia-smi -q | sed -n '1,40p'
+  timeout 30 nvidia-smi
+  timeout 60 "$PY" -c 'import sys, pynvml, torch
+print(sys.version); print("nvidia-ml-py", pynvml.__file__); print("torch", torch.__version__, torch.version.cuda)'
+  timeout 60 "$PY" -c 'import cupy; print("cupy", cupy.__version__)'
+  timeout 60 "${GW[@]}" version
+  timeout 60 "${GW[@]}" check "${GPUWATCH_FLAGS[@]::2}" --state-dir "$STATE" --listen 127.0.0.1:9845
 }
 
 # `gpuwatch run` on the real GPU, scraped by curl: once at start, once after the agent's own probe ran (so the
 # gpuwatch_probe_* series come from the agent's scheduler, NSpid matching included); then SIGTERM, timed.
 agent_scraped() {
   local port=9845 pid ok=0
-  $GW run "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 30 --listen 127.0.0.1:$port --state-dir "$STATE" &
+  command -v curl >/dev/null || { echo "no curl on this machine: this step needs it"; return 1; }
+  "${GW[@]}" run "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 30 --listen 127.0.0.1:$port --state-dir "$STATE" &
   pid=$!
   for _ in $(seq 100); do
     curl -fsS -o /dev/null http://127.0.0.1:$port/healthz 2>/dev/null && { ok=1; break; }
     sleep 0.2
   done
-  [ $ok = 1 ] || { echo "the agent did not become healthy within 20 s"; kill -TERM $pid; wait $pid; return 1; }
+  [ $ok = 1 ] || { echo "the agent did not become healthy within 20 s"; kill -KILL $pid; wait $pid; return 1; }
   sleep 3
-  curl -sS -D - http://127.0.0.1:$port/metrics -o "$OUT/metrics-start.txt"
-  curl -sS -w 'healthz: %{http_code} in %{time_total} s\n' http://127.0.0.1:$port/healthz
+  curl -sS --max-time 10 -D - http://127.0.0.1:$port/metrics -o "$OUT/metrics-start.txt"
+  curl -sS --max-time 10 -w 'healthz: %{http_code} in %{time_total} s\n' http://127.0.0.1:$port/healthz
   for _ in $(seq 60); do # the first probe runs one interval (30 s) after start
     grep -q '^gpuwatch_probe_runs_total{.*result="ok".*} [1-9]' "$OUT/metrics-probe.txt" 2>/dev/null && break
     sleep 1.5
-    curl -sS http://127.0.0.1:$port/metrics -o "$OUT/metrics-probe.txt"
+    curl -sS --max-time 10 http://127.0.0.1:$port/metrics -o "$OUT/metrics-probe.txt"
   done
-  for _ in 1 2 3 4 5; do curl -sS -o /dev/null -w 'scrape: %{http_code} %{size_download} B in %{time_total} s\n' \
-    http://127.0.0.1:$port/metrics; done
+  for _ in 1 2 3 4 5; do curl -sS --max-time 10 -o /dev/null \
+    -w 'scrape: %{http_code} %{size_download} B in %{time_total} s\n' http://127.0.0.1:$port/metrics; done
   local t0=$SECONDS
   kill -TERM $pid
+  (sleep 20 && kill -KILL $pid 2>/dev/null && echo "the agent was still running 20 s after SIGTERM: killed") &
   wait $pid
   echo "agent exit status $? after SIGTERM, $((SECONDS - t0)) s"
-  $PY - "$OUT/metrics-start.txt" "$OUT/metrics-probe.txt" <<'PYEOF'
+  "$PY" - "$OUT/metrics-start.txt" "$OUT/metrics-probe.txt" <<'PYEOF'
 import sys
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -129,14 +139,22 @@ PYEOF
 if [ "$part" = probe ]; then
   say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
   rm -rf "$STATE"
-  run "environment" environment
-  run "snapshot beside nvidia-smi -q" \
-    "$PY" $HERE/smi_compare.py --live --gpuwatch "$GW" --json "$OUT/smi_compare.json" --markdown "$SCRATCH/smi_compare.md" \
+  # Typical: 20 + 5 + 300 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table
+  # goes into the summary as soon as its step ends, so whatever finished comes back.
+  step "environment"
+  environment >>"$LOG" 2>&1
+  say "- environment: exit $?"
+  run "snapshot beside nvidia-smi -q" 90 \
+    "$PY" $HERE/smi_compare.py --live --gpuwatch "${GW[*]}" --json "$OUT/smi_compare.json" --markdown "$SCRATCH/smi.md" \
     "${SMI_FLAGS[@]}"
-  run "probe study" "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$OUT/probe_study.json" \
-    --markdown "$SCRATCH/probe_study.md" "${STUDY_FLAGS[@]}"
-  run "agent scraped by curl" agent_scraped
-  cat "$SCRATCH/smi_compare.md" "$SCRATCH/probe_study.md" 2>/dev/null | tee -a "$SUMMARY" >/dev/null
+  cat "$SCRATCH/smi.md" >>"$SUMMARY" 2>/dev/null
+  run "probe study" 390 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$OUT/probe_study.json" \
+    --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}"
+  cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
+  step "agent scraped by curl"
+  started=$SECONDS
+  agent_scraped >>"$LOG" 2>&1
+  say "- agent scraped by curl: exit $?, $((SECONDS - started)) s"
 else
   say "# gpuwatch hardware checks, part cost ($(date -u +%FT%TZ))"
   B=benchmarks/agent_cost.py
@@ -144,17 +162,17 @@ else
   # One nvidia-smi per scrape with every field it knows: what nvidia_gpu_exporter does by default (its AUTO mode
   # reads the field list from --help-query-gpu once, then queries all of it on every scrape). A short list if the
   # driver rejects that.
-  Q=$(nvidia-smi --help-query-gpu | sed -n 's/^"\([^"]*\)".*/\1/p' | paste -sd, -)
-  if ! nvidia-smi --query-gpu="$Q" --format=csv >/dev/null 2>&1; then
+  Q=$(timeout 30 nvidia-smi --help-query-gpu | sed -n 's/^"\([^"]*\)".*/\1/p' | paste -sd, -)
+  if ! timeout 30 nvidia-smi --query-gpu="$Q" --format=csv >/dev/null 2>&1; then
     Q=index,uuid,name,temperature.gpu,temperature.memory,power.draw,enforced.power.limit,clocks.sm,clocks.mem
     Q=$Q,clocks_event_reasons.active,utilization.gpu,utilization.memory,memory.used,memory.total,pstate
   fi
   say "- nvidia-smi fields per scrape: $(tr ',' '\n' <<<"$Q" | wc -l)"
-  run "gpuwatch" "$PY" $B --duration "$D" --label gpuwatch --save "$OUT/cost-gpuwatch.json" \
+  run "gpuwatch" 150 "$PY" $B --duration "$D" --label gpuwatch --save "$OUT/cost-gpuwatch.json" \
     -- "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 0
-  run "nvitop-exporter 1.7.2" "$PY" $B --duration "$D" --label nvitop-exporter --save "$OUT/cost-nvitop.json" \
+  run "nvitop-exporter 1.7.2" 150 "$PY" $B --duration "$D" --label nvitop-exporter --save "$OUT/cost-nvitop.json" \
     --agent-cmd "$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1"
-  run "nvidia-smi per scrape" "$PY" $B --duration "$D" --label nvidia-smi --save "$OUT/cost-nvidia-smi.json" \
+  run "nvidia-smi per scrape" 150 "$PY" $B --duration "$D" --label nvidia-smi --save "$OUT/cost-nvidia-smi.json" \
     --exec-csv --exec-per-scrape "$(command -v nvidia-smi) --query-gpu=$Q --format=csv"
   step "compare"
   {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Download, on a machine with PyPI, the wheels that the GPU machine lacks into .whl/ (git-ignored through
-# .git/info/exclude), for its Python 3.12 on x86-64. device-run.sh installs them there into /tmp/site.
+# Download, on a machine with PyPI, the wheels that the GPU machine lacks into .whl/ (git-ignored), for its
+# Python 3.12 on x86-64. device-run.sh installs them there into /tmp/site.
 #
 #   bash benchmarks/hardware/fetch-wheels.sh          # from the repository root
 #
@@ -10,7 +10,6 @@
 set -euo pipefail
 
 cd "$(git rev-parse --show-toplevel)"
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.whl/' >>.git/info/exclude; }
 rm -rf .whl && mkdir .whl
 
 wheels=(
@@ -21,7 +20,8 @@ wheels=(
   nvitop==1.7.2 nvitop-exporter==1.7.2
 )
 platforms=()
-for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
+# glibc 2.28 at most (what PyTorch's CUDA wheels need), so nothing refuses to install on an older machine.
+for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
   platforms+=(--platform "$p")
 done
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
