@@ -1,10 +1,11 @@
 """/metrics rendered once per store state: concurrent scrapes of an unchanged store share one render.
 
-Rendering ~600 series is pure Python (~15 ms, holding the GIL), so 200 scrapers at once would queue for seconds. Each
-request still takes its own store snapshot; the body is reused only when that snapshot equals the one the body was
-rendered from (every field but the clock) and the same GPUs are fresh. So a response is always exactly what its own
-snapshot would render: nothing the store no longer holds, no GPU served after it went stale. Renders run one at a
-time under a lock, so a burst renders once and the others wait for that body instead of rendering it again.
+Rendering ~600 series is pure Python (a few ms even with gpuwatch.exposition_fast, holding the GIL), so 200
+scrapers at once would queue for seconds. Each request still takes its own store snapshot; the body is reused only
+when that snapshot equals the one the body was rendered from (every field but the clock) and the same GPUs are fresh.
+So a response is always exactly what its own snapshot would render: nothing the store no longer holds, no GPU served
+after it went stale. Renders run one at a time under a lock, so a burst renders once and the others wait for that
+body instead of rendering it again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.exposition_fast import fast_format
+from gpuwatch.exposition_fast import render as render_fast
 from gpuwatch.store import SampleStore, StoreSnapshot
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -61,9 +64,13 @@ class CachedExposition:
                 self._key, self._bodies = key, {}
             body = self._bodies.get((content_type, compress))
             if body is None:
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(GpuwatchCollector(cast(SampleStore, _OneSnapshot(snap))))
-                body = encoder(registry)
+                collector = GpuwatchCollector(cast(SampleStore, _OneSnapshot(snap)))
+                fmt = fast_format(encoder)
+                body = render_fast(collector.collect(), fmt) if fmt is not None else None
+                if body is None:  # a format or a family the fast encoder does not write
+                    registry = CollectorRegistry(auto_describe=False)
+                    registry.register(collector)
+                    body = encoder(registry)
                 if compress:
                     body = gzip.compress(body)
                 self._bodies[(content_type, compress)] = body

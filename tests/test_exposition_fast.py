@@ -1,0 +1,93 @@
+"""The fast encoder against its oracle: prometheus_client's own encoders, byte for byte, for every scenario of both
+vendors and every format a scraper can ask for; and the hand-back to the library for what it does not write."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+from simnode import SimAgent
+
+from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.exposition_fast import fast_format, render
+from gpuwatch.simulated.scenarios import SCENARIOS
+
+ACCEPTS = {
+    "classic text (curl, Prometheus < 2.5)": "",
+    "text 0.0.4": "text/plain;version=0.0.4",
+    "OpenMetrics (Prometheus 2.x)": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    "OpenMetrics without a version": "application/openmetrics-text",
+    "OpenMetrics, UTF-8 names (Prometheus 3)": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
+    "text 1.0.0, UTF-8 names": "text/plain;version=1.0.0;escaping=allow-utf-8",
+}
+
+
+def library_and_fast(collector: Collector, accept: str) -> tuple[bytes, bytes | None]:
+    encoder, _ = choose_encoder(accept)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    fmt = fast_format(encoder)
+    assert fmt is not None, f"{accept!r} should take the fast path"
+    return encoder(registry), render(collector.collect(), fmt)
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_scenario_renders_exactly_as_the_library_does(tmp_path: Path, scenario: str, vendor: str) -> None:
+    sim = SimAgent(tmp_path, scenario=scenario, gpus=3, vendor=vendor, probe={"interval_seconds": 60.0})
+    try:
+        sim.run(6.0)
+        collector = GpuwatchCollector(sim.agent.store)
+        for what, accept in ACCEPTS.items():
+            library, fast = library_and_fast(collector, accept)
+            assert fast == library, f"{scenario}/{vendor}, {what}"
+    finally:
+        sim.close()
+
+
+class _Odd(Collector):
+    """Values and help texts the catalogue never produces, but a label value from a driver could."""
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("x_odd", 'help with \\ backslash, "quotes"\nand a newline', labels=["model", "b"])
+        gauge.add_metric(['H100 "SXM" \\ 80GB\nrev', "ünïcode ✓"], 1.5)
+        gauge.add_metric(["inf", "x"], math.inf)
+        gauge.add_metric(["-inf", "x"], -math.inf)
+        gauge.add_metric(["nan", "x"], math.nan)
+        gauge.add_metric(["big", "x"], 123456789012.0)
+        gauge.add_metric(["tiny", "x"], 1e-12)
+        yield gauge
+        counter = CounterMetricFamily("x_events_total", "events", labels=["z", "a"])  # sorted by label name
+        counter.add_metric(["1", "2"], 3)
+        yield counter
+        plain = GaugeMetricFamily("x_plain", "no labels")
+        plain.add_metric([], 0)
+        yield plain
+
+
+@pytest.mark.parametrize("accept", list(ACCEPTS.values()), ids=list(ACCEPTS))
+def test_escapes_and_numbers_match_the_library(accept: str) -> None:
+    library, fast = library_and_fast(_Odd(), accept)
+    assert fast == library
+
+
+def test_what_it_does_not_write_goes_back_to_the_library() -> None:
+    unit = GaugeMetricFamily("x_seconds", "with a unit", unit="seconds")
+    unit.add_metric([], 1)
+    stamped = GaugeMetricFamily("x_stamped", "with a timestamp", labels=["a"])
+    stamped.add_metric(["1"], 1, timestamp=5)
+    info = Metric("x_build", "an info family", "info")
+    for family in (unit, stamped, info):
+        assert render([family], "text") is None and render([family], "openmetrics") is None
+    # Escapings that rewrite names (dots, values) are the library's.
+    for accept in (
+        "application/openmetrics-text;version=1.0.0;escaping=dots",
+        "text/plain;version=1.0.0;escaping=values",
+    ):
+        assert fast_format(choose_encoder(accept)[0]) is None
