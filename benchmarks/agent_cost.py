@@ -40,12 +40,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 DEFAULT_AGENT_ARGS = ["--backend", "simulated", "--scenario", "mixed", "--gpus", "8", "--poll-interval", "1"]
 MIB = 1024 * 1024
+T = TypeVar("T")
 # Prometheus prefers OpenMetrics; we ask every exporter for the classic text format, so one parser reads them all.
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 
@@ -616,6 +617,20 @@ def interrupts_as_exceptions() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_guarded(prog: str, stopped: str, work: Callable[[], T]) -> T:
+    """`work()` with SIGTERM as Ctrl-C; an error or an interrupt ends the script with one line and its exit status
+    (1, or 128 + the signal), never a traceback. `stopped` says what was cleaned up (the `finally`s ran)."""
+    try:
+        with interrupts_as_exceptions():
+            return work()
+    except BenchmarkError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except (KeyboardInterrupt, Interrupted) as exc:
+        print(f"{prog}: interrupted; {stopped}", file=sys.stderr)
+        raise SystemExit(128 + (exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT)) from None
+
+
 def measure(
     args: argparse.Namespace, target: Target, proc: psutil.Process | None, agent: Agent | None, report: Report
 ) -> None:
@@ -837,15 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(table(reports))
         return 0
-    try:
-        with interrupts_as_exceptions():
-            report = run_exec_mode(args) if args.exec_per_scrape else run_http(args)
-    except BenchmarkError as exc:
-        print(f"agent_cost: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, Interrupted) as exc:
-        print("agent_cost: interrupted; the agent was stopped", file=sys.stderr)
-        return 128 + (exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT)
+    report = run_guarded(
+        "agent_cost", "the agent was stopped", lambda: run_exec_mode(args) if args.exec_per_scrape else run_http(args)
+    )
     data = asdict(report)
     if args.save:
         args.save.write_text(json.dumps(data, indent=2) + "\n")

@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_cost import MIB, BenchmarkError, Interrupted, interrupts_as_exceptions, percentile
+from agent_cost import MIB, BenchmarkError, percentile, run_guarded
 
 REPO = Path(__file__).resolve().parent.parent
 PROM_DIR = REPO / "deploy" / "prometheus"
@@ -520,15 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < 1 or args.duration <= 0 or args.scrape_interval <= 0:
         parser.error("--nodes, --gpus, --duration and --scrape-interval must be positive")
-    try:
-        with interrupts_as_exceptions():
-            report = run(args)
-    except BenchmarkError as exc:
-        print(f"scale: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, Interrupted) as exc:
-        print("scale: interrupted; Prometheus and the fleet were stopped", file=sys.stderr)
-        return 128 + (exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT)
+    report = run_guarded("scale", "Prometheus and the fleet were stopped", lambda: run(args))
     if args.save:
         args.save.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2) if args.json else table(report))

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import sys
 import tempfile
 import threading
@@ -37,11 +36,10 @@ from agent_cost import (  # a sibling script, not a package
     MIB,
     Agent,
     BenchmarkError,
-    Interrupted,
     Target,
     agent_argv,
-    interrupts_as_exceptions,
     percentile,
+    run_guarded,
     scrape,
     snapshot,
     wait_ready,
@@ -329,15 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.agent_args = agent_args
     if args.duration <= 0 or args.scrape_interval <= 0 or args.sample_interval <= 0 or args.warmup < 0:
         parser.error("--duration, --scrape-interval and --sample-interval must be > 0, --warmup >= 0")
-    try:
-        with interrupts_as_exceptions():
-            report = run(args)
-    except BenchmarkError as exc:
-        print(f"soak: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, Interrupted) as exc:
-        print("soak: interrupted; the agent was stopped", file=sys.stderr)
-        return 128 + (exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT)
+    report = run_guarded("soak", "the agent was stopped", lambda: run(args))
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "trace"}, indent=2))
     else:
