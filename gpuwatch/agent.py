@@ -211,9 +211,6 @@ class Agent:
     def _on_reload_signal(self, _signum: int, _frame: FrameType | None) -> None:
         self._reload_requested.set()
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     def stop(self) -> None:
         """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
         self._notifier.stopping()
@@ -285,7 +282,7 @@ class Agent:
         if slow:
             slot.last_slow_poll = now
         self.store.record_poll(readings)
-        for uuid in getattr(backend, "reset_uuids", list)():  # AMD: reset counters exist from start-up at 0
+        for uuid in backend.reset_uuids():  # AMD: reset counters exist from start-up at 0
             self.store.ensure_resets_counter(uuid)
         return True
 

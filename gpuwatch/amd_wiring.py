@@ -30,7 +30,7 @@ def nvidia_offset(pci_nvidia: Callable[[], int], nvml_slot: BackendSlot | None) 
         seen = 0
         backend = nvml_slot.backend if nvml_slot is not None else None
         if backend is not None:
-            seen = len(backend.gpus()) if hasattr(backend, "gpus") else 0
+            seen = len(backend.gpus())
         return max(pci_nvidia(), seen)
 
     return offset

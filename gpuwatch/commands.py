@@ -55,11 +55,11 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def _read_all(config: Config) -> tuple[list[GpuReading], dict[str, str]]:
+def _read_all(slots: list[BackendSlot]) -> tuple[list[GpuReading], dict[str, str]]:
     """Open every backend the node needs, read all tiers once, close."""
     readings: list[GpuReading] = []
     problems: dict[str, str] = {}
-    for slot in build_sources(config).slots:
+    for slot in slots:
         try:
             backend = slot.factory()
             backend.open()
@@ -76,8 +76,9 @@ def _read_all(config: Config) -> tuple[list[GpuReading], dict[str, str]]:
 
 
 def snapshot(config: Config, *, as_json: bool) -> int:
-    readings, problems = _read_all(config)
-    host, host_problems = read_host(build_sources(config).host)  # rails, supplies, temperatures, fans
+    sources = build_sources(config)  # once: a simulated node's GPUs and host sensors are the same node
+    readings, problems = _read_all(sources.slots)
+    host, host_problems = read_host(sources.host)  # rails, supplies, temperatures, fans
     if as_json:
         document = {"gpus": [_reading_json(r) for r in readings], "backend_errors": problems}
         print(json.dumps({**document, "host": host_json(host), "host_errors": host_problems}, indent=2))
@@ -217,7 +218,7 @@ def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
     try:
         gpus = len(backend.poll(slow=False))
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
-        mismatch = getattr(backend, "version_problem", lambda: None)()  # AMD: package vs host ROCm
+        mismatch = backend.version_problem()  # AMD: package vs host ROCm
     except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
         return False, f"backend {slot.name}", f"opened, then failed: {exc}"
     finally:

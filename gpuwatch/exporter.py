@@ -45,32 +45,36 @@ class GpuwatchCollector(Collector):
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._store.snapshot()
-        out = _Families()
-        out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
-        _self_health(snap, out)
-        for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
-            gpu = (str(identity.index), identity.uuid)
-            _info(identity, out)
-            sample = snap.fresh(identity.uuid)
-            out.add("gpuwatch_gpu_up", gpu, sample is not None)
-            # Events, not readings: an XID 79 or a reset usually comes with the GPU going lost, and must stay seen.
-            for (uuid, xid), count in sorted(snap.xids.items()):
-                if uuid == identity.uuid:
-                    out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
-                    out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
-            resets = snap.resets.get(identity.uuid)
-            if resets is not None and (sample is not None or resets > 0):  # a lost GPU keeps only real events
-                out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
-            if sample is None:
-                continue
-            _readings(gpu, sample, snap.configured_power_limit_watts, out)
-            for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
-                out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
-            export_probe(gpu, identity.uuid, snap.probe, out)
-        export_interval(snap.probe, out)
-        _host(snap, out)
-        yield from out
+        yield from families(self._store.snapshot())
+
+
+def families(snap: StoreSnapshot) -> Iterator[Metric]:
+    """Every family of one store snapshot; the exposition cache renders a given snapshot through this."""
+    out = _Families()
+    out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
+    _self_health(snap, out)
+    for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
+        gpu = (str(identity.index), identity.uuid)
+        _info(identity, out)
+        sample = snap.fresh(identity.uuid)
+        out.add("gpuwatch_gpu_up", gpu, sample is not None)
+        # Events, not readings: an XID 79 or a reset usually comes with the GPU going lost, and must stay seen.
+        for (uuid, xid), count in sorted(snap.xids.items()):
+            if uuid == identity.uuid:
+                out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
+                out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
+        resets = snap.resets.get(identity.uuid)
+        if resets is not None and (sample is not None or resets > 0):  # a lost GPU keeps only real events
+            out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
+        if sample is None:
+            continue
+        _readings(gpu, sample, snap.configured_power_limit_watts, out)
+        for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
+            out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
+        export_probe(gpu, identity.uuid, snap.probe, out)
+    export_interval(snap.probe, out)
+    _host(snap, out)
+    yield from out
 
 
 def _self_health(snap: StoreSnapshot, out: _Families) -> None:

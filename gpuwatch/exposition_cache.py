@@ -13,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
 
-from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.exporter import families
 from gpuwatch.exposition_fast import fast_format
 from gpuwatch.exposition_fast import render as render_fast
 from gpuwatch.store import SampleStore, StoreSnapshot
@@ -28,14 +29,14 @@ from gpuwatch.store import SampleStore, StoreSnapshot
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class _OneSnapshot:
-    """Stands in for the store so the collector renders exactly the snapshot the cache key was taken from."""
+class _Rendered(Collector):
+    """The families of the one snapshot the cache key was taken from, for the library's encoders."""
 
-    def __init__(self, snap: StoreSnapshot) -> None:
-        self._snap = snap
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
 
-    def snapshot(self) -> StoreSnapshot:
-        return self._snap
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._metrics)
 
 
 def _key(snap: StoreSnapshot) -> tuple[StoreSnapshot, frozenset[str]]:
@@ -64,13 +65,11 @@ class CachedExposition:
                 self._key, self._bodies = key, {}
             body = self._bodies.get((content_type, compress))
             if body is None:
-                collector = GpuwatchCollector(cast(SampleStore, _OneSnapshot(snap)))
+                metrics = list(families(snap))
                 fmt = fast_format(encoder)
-                body = render_fast(collector.collect(), fmt) if fmt is not None else None
+                body = render_fast(metrics, fmt) if fmt is not None else None
                 if body is None:  # a format or a family the fast encoder does not write
-                    registry = CollectorRegistry(auto_describe=False)
-                    registry.register(collector)
-                    body = encoder(registry)
+                    body = encoder(_Rendered(metrics))
                 if compress:
                     body = gzip.compress(body)
                 self._bodies[(content_type, compress)] = body

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from gpuwatch import __version__
 from gpuwatch.model import GpuIdentity, GpuSample
-from gpuwatch.probe.results import ProbeView
 from gpuwatch.store import StoreSnapshot
 
 # Reasons that are normal and say nothing about health (an idle GPU, a GPU at its power cap under load).
@@ -113,17 +112,11 @@ def _reference_limit(s: GpuSample, configured: float | None) -> tuple[float | No
     return s.power_limit_watts.get("default"), "default"
 
 
-def _probe_view(snap: StoreSnapshot) -> ProbeView | None:
-    """The snapshot's probe state, once the probe runner is wired into the store (``snap.probe``)."""
-    probe = getattr(snap, "probe", None)  # getattr: tolerate a store without the probe compartment
-    return probe if isinstance(probe, ProbeView) else None
-
-
 def _probe_fresh(view: GpuView, uuid: str) -> bool:
     """Whether the GPU's last successful probe is younger than PROBE_FRESH_INTERVALS probe intervals."""
-    probe = _probe_view(view.snap)
-    outcome = probe.last_ok.get(uuid) if probe is not None else None
-    if probe is None or outcome is None:
+    probe = view.snap.probe
+    outcome = probe.last_ok.get(uuid)
+    if outcome is None:
         return False
     return view.snap.now - outcome.timestamp <= PROBE_FRESH_INTERVALS * probe.interval_seconds
 
@@ -131,9 +124,9 @@ def _probe_fresh(view: GpuView, uuid: str) -> bool:
 def _peer_ratio(view: GpuView) -> float | None:
     """The last successful probe over the median of the node's GPUs of the same model and dtype (at least 3): a GPU
     can be slow from its first probe on, and then its own baseline is slow too."""
-    probe = _probe_view(view.snap)
-    mine = probe.last_ok.get(view.identity.uuid) if probe is not None else None
-    if probe is None or mine is None or mine.measured is None:
+    probe = view.snap.probe
+    mine = probe.last_ok.get(view.identity.uuid)
+    if mine is None or mine.measured is None:
         return None
     peers = [
         o.measured.flops_median
@@ -151,8 +144,7 @@ def _peer_ratio(view: GpuView) -> float | None:
 
 def _probe_ratio(view: GpuView) -> float | None:
     """The last successful probe over this GPU's baseline; None without a probe result or baseline."""
-    probe = _probe_view(view.snap)
-    outcome = probe.last_ok.get(view.identity.uuid) if probe is not None else None
+    outcome = view.snap.probe.last_ok.get(view.identity.uuid)
     return outcome.ratio if outcome is not None else None
 
 
@@ -228,8 +220,8 @@ def _throttle_cell(v: GpuView) -> str:
 
 
 def _probe_cell(v: GpuView) -> str:
-    probe = _probe_view(v.snap)
-    if probe is None or not probe.enabled:
+    probe = v.snap.probe
+    if not probe.enabled:
         return '<span class="muted">off</span>'
     last = probe.last_any.get(v.identity.uuid)
     if last is None:

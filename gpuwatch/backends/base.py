@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpuwatch.model import GpuEvent, GpuReading, Vendor
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, Vendor
 
 
 class BackendUnavailable(Exception):
@@ -37,4 +37,16 @@ class Backend(Protocol):
 
     def versions(self) -> dict[str, str]:
         """Library and driver versions, for ``gpuwatch version`` and ``check``."""
+        ...
+
+    def gpus(self) -> list[GpuIdentity]:
+        """The GPUs found at open, in index order."""
+        ...
+
+    def reset_uuids(self) -> list[str]:
+        """GPUs whose reset counters exist from start-up at 0 (AMD reports resets; NVML has none)."""
+        ...
+
+    def version_problem(self) -> str | None:
+        """A library/host version mismatch worth a FAIL line in ``check`` (AMD: package vs ROCm), else None."""
         ...

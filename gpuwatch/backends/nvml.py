@@ -309,6 +309,14 @@ class NvmlBackend:
             return []
         return events
 
+    def reset_uuids(self) -> list[str]:
+        """NVML reports no reset events: no reset counters."""
+        return []
+
+    def version_problem(self) -> str | None:
+        """No pairing to check: the bindings load the driver's own libnvidia-ml (missing calls fall back)."""
+        return None
+
     def versions(self) -> dict[str, str]:
         """NVML, driver, CUDA driver and binding versions, for ``gpuwatch version`` and ``check``."""
         found: dict[str, str] = {}

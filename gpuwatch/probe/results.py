@@ -178,7 +178,7 @@ def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) ->
     out.add("gpuwatch_probe_d2h_bytes_per_second", gpu, m.d2h_bytes_per_second)
     out.add("gpuwatch_probe_last_success_timestamp_seconds", gpu, last.timestamp)
     out.add("gpuwatch_probe_duration_seconds", gpu, m.gpu_time_seconds)
-    out.add("gpuwatch_probe_power_capped", gpu, None if m.power_capped is None else m.power_capped)
+    out.add("gpuwatch_probe_power_capped", gpu, m.power_capped)
     out.add("gpuwatch_probe_sm_clock_hertz", gpu, t.sm_clock_hertz)
     out.add("gpuwatch_probe_power_watts", gpu, t.power_watts)
     out.add("gpuwatch_probe_temperature_celsius", gpu, t.temperature_celsius)
