@@ -13,7 +13,8 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager
     # systemd: systemd-analyze verify/security check the shipped unit (no systemd as PID 1 needed)
     apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium systemd >/dev/null
   else
-    echo "scripts/test.sh: promtool is missing; run: sudo apt-get install prometheus prometheus-alertmanager chromium" >&2
+    echo "scripts/test.sh: one of promtool, prometheus-alertmanager, chromium, systemd-analyze is missing;" \
+      "run: sudo apt-get install prometheus prometheus-alertmanager chromium systemd" >&2
     exit 1
   fi
 fi
