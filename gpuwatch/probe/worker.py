@@ -130,18 +130,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine.synchronize()
     gpu_time = time.perf_counter() - warm_started  # the GPU was ours from the first warm-up matmul to the last copy
     return {
-        "ok": True,
-        "uuid": args.uuid,
+        **_throughput(args, median, p10, p90),
         "engine": engine.name,
         "engine_version": engine.version,
         "blas_version": engine.blas_version,
         "device": engine.device,
-        "dtype": args.dtype,
-        "shape": f"{n}x{n}x{n}",
-        "flops_median": median,
-        "flops_p10": p10,
-        "flops_p90": p90,
-        "spread_ratio": (p90 - p10) / median,
         "iterations": len(rates),
         "gpu_time_seconds": gpu_time,  # warm-up + measured window + copies: what the probe costs the GPU
         "measured_seconds": sum(times),
@@ -151,6 +144,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": time.perf_counter() - started,
         "engines_passed_over": passed_over,  # e.g. "cupy: CUDA driver version is insufficient…" before torch ran
         **copies,
+    }
+
+
+def _throughput(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:
+    """The part of a result the real and the simulated worker share (WorkerResult.from_json reads it)."""
+    n = args.size
+    return {
+        "ok": True,
+        "uuid": args.uuid,
+        "dtype": args.dtype,
+        "shape": f"{n}x{n}x{n}",
+        "flops_median": median,
+        "flops_p10": p10,
+        "flops_p90": p90,
+        "spread_ratio": (p90 - p10) / median,
     }
 
 
@@ -178,20 +186,12 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     median = SIM_FLOPS[args.dtype] * (1.0 - args.slowdown) * (1.0 + rng.gauss(0.0, 0.002))
     p10 = median * (1.0 - 0.045 - abs(rng.gauss(0.0, 0.01)))
     p90 = median * (1.0 + 0.035 + abs(rng.gauss(0.0, 0.01)))
-    n = args.size
     return {
-        "ok": True,
-        "uuid": args.uuid,
+        **_throughput(args, median, p10, p90),
         "engine": "simulated",
         "engine_version": __version__,
         "blas_version": "simulated",
         "device": "simulated",
-        "dtype": args.dtype,
-        "shape": f"{n}x{n}x{n}",
-        "flops_median": median,
-        "flops_p10": p10,
-        "flops_p90": p90,
-        "spread_ratio": (p90 - p10) / median,
         "iterations": 650,
         "gpu_time_seconds": args.warmup_min + args.measure,
         "warmup_seconds": args.warmup_min,

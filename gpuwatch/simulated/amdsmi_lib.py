@@ -420,7 +420,7 @@ class AmdSmiEventReader:
     """``amdsmi.AmdSmiEventReader`` over the simulated node: GPU_PRE_RESET / POST_RESET for the node's resets."""
 
     def __init__(self, processor_handle: object, event_types: Iterable[object]) -> None:
-        lib = _OWNER.get(type(self))
+        lib: SimulatedAmdSmi | None = getattr(type(self), "_owner", None)
         if lib is None:  # pragma: no cover - only through SimulatedAmdSmi.AmdSmiEventReader
             raise RuntimeError("use the event reader of a SimulatedAmdSmi instance")
         if not isinstance(processor_handle, ctypes.c_void_p):
@@ -479,7 +479,6 @@ class AmdSmiEventReader:
         self.stop()
 
 
-_OWNER: dict[type, SimulatedAmdSmi] = {}
 _READER_IDS = itertools.count()
 
 
@@ -492,9 +491,11 @@ def import_simulated_amdsmi(
         print("Unable to find libamd_smi.so library try installing amd-smi-lib from your package manager")
         raise KeyError("libamd_smi.so")
     lib = SimulatedAmdSmi(node, shape=shape, partition=partition, latency_scale=latency_scale)
-    reader = type(f"AmdSmiEventReader_{next(_READER_IDS)}", (AmdSmiEventReader,), {"__module__": __name__})
+    # A reader class per library instance (it lives and dies with it), as the real module's reader reads its library.
+    reader = type(
+        f"AmdSmiEventReader_{next(_READER_IDS)}", (AmdSmiEventReader,), {"__module__": __name__, "_owner": lib}
+    )
     reader.__name__ = reader.__qualname__ = "AmdSmiEventReader"
-    _OWNER[reader] = lib
     lib.AmdSmiEventReader = reader  # type: ignore[attr-defined]
     return lib
 
