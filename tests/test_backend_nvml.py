@@ -28,7 +28,7 @@ from gpuwatch.model import THROTTLE_REASONS, GpuSample
 from gpuwatch.simulated.nvml_lib import SimulatedNvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
-FIXTURE = json.loads((Path(__file__).resolve().parents[2] / "shared/fixtures/h100/nvml-idle.json").read_text())
+FIXTURE = json.loads((Path(__file__).resolve().parent / "fixtures/h100/nvml-idle.json").read_text())
 CALLS = FIXTURE["calls"]
 H100_FIELDS = FIXTURE["fieldvalues"]
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -18,10 +18,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import REPO, shared_dir
+from conftest import REPO
 
 SCRIPT = REPO / "benchmarks" / "hardware" / "smi_compare.py"
-FIXTURES = shared_dir() / "fixtures" / "h100"
+FIXTURES = REPO / "tests" / "fixtures" / "h100"
 SMI_TEXT = (FIXTURES / "nvidia-smi-q.txt").read_text()
 NVML = json.loads((FIXTURES / "nvml-idle.json").read_text())["calls"]
 GPUWATCH = (sys.executable, "-m", "gpuwatch")

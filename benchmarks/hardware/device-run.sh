@@ -57,7 +57,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   SMI_FLAGS=(--backend simulated --match-index -- --gpus 1)
   STUDY_FLAGS=(--dry-run)
   fake=$(mktemp -d)
-  fixture=$(cd ../shared/fixtures/h100 && pwd)/nvidia-smi-q.txt
+  fixture=$PWD/tests/fixtures/h100/nvidia-smi-q.txt
   cat >"$fake/nvidia-smi" <<FAKE
 #!/bin/sh
 case "\$1" in

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # References quoted beside our numbers (not inputs to any verdict).
 PUBLISHED_BF16_TFLOPS = 794.5  # mamf-finder, maximum achievable bf16 matmul on H100 SXM (989 theoretical)
-FIXTURE = {  # ../shared/fixtures/h100/probe-measurements.json: one H100 80GB HBM3 SXM, 700 W, driver 580.159.04
+FIXTURE = {  # tests/fixtures/h100/probe-measurements.json: one H100 80GB HBM3 SXM, 700 W, driver 580.159.04
     "sustained_20s_8192_bf16_tflops": 688.0,
     "probe_8192_bf16_tflops_at_cap": "686-718",
     "probe_cv_pct": "0.14-0.42",

@@ -28,7 +28,7 @@ EXIT_FAILED = 1
 EXIT_NO_ENGINE = 3
 CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
 
-# The simulated H100 SXM: bf16 8192³ at its 700 W cap (../shared/fixtures/h100/probe-measurements.json).
+# The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
 SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
 SIM_H2D, SIM_D2H = 53.5e9, 52.6e9  # pinned copies over PCIe gen 5 x16
 
