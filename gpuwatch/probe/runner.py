@@ -57,8 +57,19 @@ NOT_HOST_PID_NAMESPACE = (
 )
 
 
+# The worker runs as root: `-I` (isolated mode) keeps the working directory, PYTHONPATH and the user site out of its
+# sys.path, so a file planted beside where `gpuwatch probe` was started (an argparse.py in /tmp) is never imported.
+# gpuwatch's own root is appended after the installed packages, which still covers a source checkout on PYTHONPATH.
+_WORKER_BOOTSTRAP = "import sys; sys.path.append({root!r}); from gpuwatch.probe.worker import main; sys.exit(main())"
+WORKER_CWD = "/"  # a fixed, root-owned working directory: nothing the child opens by a relative name is planted
+
+
 def worker_argv() -> list[str]:
-    return [sys.executable, "-m", "gpuwatch.probe.worker", "--json"]
+    """The worker's command line: isolated mode, gpuwatch imported from where this process imported it."""
+    import gpuwatch
+
+    root = str(Path(gpuwatch.__file__).resolve().parent.parent)
+    return [sys.executable, "-I", "-c", _WORKER_BOOTSTRAP.format(root=root), "--json"]
 
 
 @dataclass(slots=True)
@@ -341,6 +352,7 @@ class ProbeRunner:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=WORKER_CWD,
             start_new_session=True,  # its own process group: the timeout kills everything it started
         )
         child = _Child(
@@ -442,7 +454,7 @@ class ProbeRunner:
             return self._outcome(identity, "failed", "the agent stopped while the probe ran")
         doc = _last_json(b"".join(child.stdout))
         code = child.proc.returncode
-        if code == EXIT_NO_ENGINE or (doc is not None and doc.get("error") == "no_engine"):
+        if code == EXIT_NO_ENGINE and doc is not None and doc.get("error") == "no_engine":  # the worker's own answer
             return self._outcome(identity, "skipped_unsupported", str((doc or {}).get("message", "no probe engine")))
         if code != 0 or doc is None or not doc.get("ok"):
             why = _failure(code, doc, stderr)
