@@ -1,29 +1,31 @@
-"""Shared test helpers: where the project's contracts live, free ports, and the promtool binary."""
+"""Shared test helpers: the names first agreed, free ports, and the promtool binary."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SPEC_NAMES = REPO / "tests" / "fixtures" / "spec-names.json"
 
 
-def shared_dir() -> Path:
-    """The contracts and fixtures beside the checkout (../shared), or $GPUWATCH_SHARED."""
-    path = Path(os.environ.get("GPUWATCH_SHARED", REPO.parent / "shared"))
-    if not (path / "spec" / "metrics.md").exists():
-        raise RuntimeError(f"{path} has no spec/metrics.md: set GPUWATCH_SHARED to the shared/ folder")
-    return path
+def spec_names() -> dict[str, Any]:
+    """The names first agreed (metrics, collectors, alerts, commands, scenarios), kept in the repository: the list only
+    grows, and no name on it is ever renamed or removed."""
+    names: dict[str, Any] = json.loads(SPEC_NAMES.read_text())
+    return names
 
 
-@pytest.fixture
-def shared() -> Path:
-    return shared_dir()
+@pytest.fixture(name="spec_names")
+def spec_names_fixture() -> dict[str, Any]:
+    return spec_names()
 
 
 def free_port() -> int:

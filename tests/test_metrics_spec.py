@@ -1,25 +1,19 @@
-"""The metric catalogue holds to spec/metrics.md: every listed metric, its type and its labels."""
+"""The metric catalogue holds to the names first agreed (tests/fixtures/spec-names.json): every listed metric with its
+type and its labels, and the collector names."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from conftest import shared_dir
+from conftest import SPEC_NAMES, spec_names
 
 from gpuwatch.metrics import CATALOGUE, COLLECTORS
 
 
 def spec_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Parse the spec's tables: `name` | type | labels | meaning."""
-    rows: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for line in (shared_dir() / "spec" / "metrics.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or not re.fullmatch(r"`gpuwatch_\w+`", cells[0]):
-            continue
-        labels = tuple(re.findall(r"`(\w+)`(?:\s*\([^)]*\))?", cells[2])) if cells[2] != "—" else ()
-        rows[cells[0].strip("`")] = (cells[1], labels)
-    return rows
+    """Metric name -> (type, labels), as first agreed."""
+    return {name: (m["type"], tuple(m["labels"])) for name, m in spec_names()["metrics"].items()}
 
 
 def test_spec_is_parsed() -> None:
@@ -32,12 +26,14 @@ def test_spec_is_parsed() -> None:
 def test_catalogue_has_every_spec_metric(name: str) -> None:
     type_, labels = spec_metrics()[name]
     spec = CATALOGUE.get(name)
-    assert spec is not None, f"{name} is in spec/metrics.md but not in the catalogue"
+    assert spec is not None, f"{name} is in {SPEC_NAMES.name} but not in the catalogue: names are never removed"
     assert spec.type == type_
     assert spec.labels == labels
 
 
 def test_catalogue_adds_nothing_unlisted() -> None:
+    unlisted = sorted(set(CATALOGUE) - set(spec_metrics()))
+    assert not unlisted, f"add the new metrics to tests/fixtures/{SPEC_NAMES.name} too: {unlisted}"
     assert set(CATALOGUE) == set(spec_metrics())
 
 
@@ -48,6 +44,4 @@ def test_counters_end_in_total_and_units_are_base_units() -> None:
 
 
 def test_collector_names_match_spec() -> None:
-    text = (shared_dir() / "spec" / "metrics.md").read_text()
-    line = next(row for row in text.splitlines() if row.startswith("`collector` values:"))
-    assert tuple(re.findall(r"`(\w+)`", line.split(":", 1)[1])) == COLLECTORS
+    assert tuple(spec_names()["collectors"]) == COLLECTORS
