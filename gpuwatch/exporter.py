@@ -17,6 +17,7 @@ from gpuwatch.metrics import CATALOGUE
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.results import export_interval, export_probe
 from gpuwatch.store import SampleStore, StoreSnapshot
+from gpuwatch.xid import xid_label
 
 
 class _Families:
@@ -61,8 +62,8 @@ def families(snap: StoreSnapshot) -> Iterator[Metric]:
         # Events, not readings: an XID 79 or a reset usually comes with the GPU going lost, and must stay seen.
         for (uuid, xid), count in sorted(snap.xids.items()):
             if uuid == identity.uuid:
-                out.add("gpuwatch_gpu_xid_errors_total", (*gpu, str(xid)), count.total)
-                out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, str(xid)), count.last_timestamp)
+                out.add("gpuwatch_gpu_xid_errors_total", (*gpu, xid_label(xid)), count.total)
+                out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, xid_label(xid)), count.last_timestamp)
         resets = snap.resets.get(identity.uuid)
         if resets is not None and (sample is not None or resets > 0):  # a lost GPU keeps only real events
             out.add("gpuwatch_gpu_reset_events_total", gpu, resets)

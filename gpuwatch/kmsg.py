@@ -7,6 +7,12 @@ forward.
 
 ``/dev/kmsg`` yields exactly one record per ``read()``; a regular file (a saved copy, the test fixture) is
 read line by line. Both keep their place, and records are also de-duplicated by their sequence number.
+
+Only what the NVIDIA driver itself wrote counts (any local user can put text into the kernel log): the record's
+facility must be the kernel's (Documentation/ABI/testing/dev-kmsg: the first prefix field is the syslog
+priority and facility, ``level | facility << 3``; userspace writes to /dev/kmsg get facility LOG_USER and can
+never inject LOG_KERN), and ``NVRM: Xid`` must open the message text — a kernel segfault line that quotes a
+user-chosen file name named ``NVRM: Xid (PCI:…): 79`` is kernel-facility text too, but not the driver's.
 """
 
 from __future__ import annotations
@@ -24,13 +30,17 @@ from types import TracebackType
 
 import psutil
 
+from gpuwatch.xid import xid_from_digits
+
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 16 * 1024  # /dev/kmsg refuses (EINVAL) a buffer smaller than the record; records are < 8 KiB
 _MAX_RECORDS_PER_CALL = 100_000  # bounds one call under a kernel log flood
+_MAX_FIELD_DIGITS = 20  # a u64 sequence number or timestamp; longer is junk, never a 4,300-digit int() error
+KERNEL_FACILITY = 0  # LOG_KERN: the prefix value of a kernel record is below 8
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, ..." and the older "NVRM: Xid (0000:3b:00): 13, ...".
-# NVSwitch "SXid" lines and other NVRM lines do not match.
+# NVSwitch "SXid" lines and other NVRM lines do not match; the text must start the message (matched with .match).
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)\):\s*(?P<xid>\d+)\b"
 )
@@ -71,6 +81,7 @@ class KmsgRecord:
     seq: int
     usec_since_boot: int
     message: str
+    facility: int = KERNEL_FACILITY  # syslog facility (prefix field 0 >> 3): 0 the kernel's own, 1 userspace writes
 
 
 def parse_record(line: str) -> KmsgRecord | None:
@@ -81,18 +92,24 @@ def parse_record(line: str) -> KmsgRecord | None:
     fields = prefix.split(",")
     if not sep or len(fields) < 3:
         return None
-    try:
-        return KmsgRecord(seq=int(fields[1]), usec_since_boot=int(fields[2]), message=message.rstrip("\n"))
-    except ValueError:
+    if not all(f.isascii() and f.isdigit() and len(f) <= _MAX_FIELD_DIGITS for f in fields[:3]):
         return None
+    return KmsgRecord(
+        seq=int(fields[1]),
+        usec_since_boot=int(fields[2]),
+        message=message.rstrip("\n"),
+        facility=int(fields[0]) >> 3,
+    )
 
 
 def parse_xid(message: str) -> tuple[str, int] | None:
-    """``(normalised pci bus id, xid)`` when the message is an NVRM XID report, else None."""
-    match = _XID_RE.search(message)
+    """``(normalised pci bus id, xid)`` when the message is an NVRM XID report, else None.
+
+    The report must open the message; a code outside gpuwatch.xid's range comes back as OTHER_XID."""
+    match = _XID_RE.match(message)
     if match is None:
         return None
-    return normalize_pci_bus_id(match["bus"]), int(match["xid"])
+    return normalize_pci_bus_id(match["bus"]), xid_from_digits(match["xid"])
 
 
 def _boot_time() -> float:
@@ -224,6 +241,8 @@ class KernelLogXidReader:
             if record is None or record.seq <= self._last_seq:
                 continue
             self._last_seq = record.seq
+            if record.facility != KERNEL_FACILITY:  # written by a user process, not the driver
+                continue
             found = parse_xid(record.message)
             if found is not None:
                 bus_id, xid = found

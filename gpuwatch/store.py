@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 
 from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample
 from gpuwatch.probe.results import ProbeBook, ProbeView
+from gpuwatch.xid import fold_xid
 
 # Two reports of the same XID on the same GPU from different sources (NVML event, kernel log) this close in time
 # are one event.
 XID_DEDUP_WINDOW_SECONDS = 5.0
+MAX_XID_SEEN_KEYS = 4096  # de-duplication memory: (GPU, raw code) pairs, the oldest forgotten first
 STALE_AFTER_POLLS = 3
 
 
@@ -173,7 +175,9 @@ class SampleStore:
                 return
         seen.append((event.timestamp, event.source))
         del seen[:-32]
-        count = self._xids.setdefault(key, XidCount())
+        if len(self._xid_seen) > MAX_XID_SEEN_KEYS:  # odd codes, each its own key: keep the newest only
+            del self._xid_seen[next(iter(self._xid_seen))]
+        count = self._xids.setdefault((event.uuid, fold_xid(event.code)), XidCount())  # bounded label
         count.total += 1
         count.last_timestamp = max(count.last_timestamp, event.timestamp)
 
