@@ -5,7 +5,7 @@
 
 The JSON is committed so operators import it without Python; a test regenerates it and diffs. The agent never
 imports this file. Every query selects a datasource variable, joins on `uuid`, and uses only the metrics of
-spec/metrics.md and the recording rules of deploy/prometheus/gpuwatch-rules.yml.
+docs/metrics.md and the recording rules of deploy/prometheus/gpuwatch-rules.yml.
 """
 
 from __future__ import annotations

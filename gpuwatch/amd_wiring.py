@@ -22,7 +22,7 @@ SHAPE_ENV = "GPUWATCH_SIM_AMDSMI_SHAPE"
 
 
 def nvidia_offset(pci_nvidia: Callable[[], int], nvml_slot: BackendSlot | None) -> Callable[[], int]:
-    """AMD GPUs are numbered after the NVIDIA ones (spec/metrics.md). Asked at every open of the AMD backend:
+    """AMD GPUs are numbered after the NVIDIA ones (docs/metrics.md). Asked at every open of the AMD backend:
     the NVIDIA GPUs on the PCI bus, or NVML's count when it sees more; both are known before AMD SMI opens, and
     the PCI count does not change when NVML is down or a GPU is lost, so numbers stay put."""
 

@@ -1,4 +1,4 @@
-"""The `gpuwatch` command line (spec/cli.md): parses flags, calls into the rest, prints.
+"""The `gpuwatch` command line (README, "Commands"): parses flags, calls into the rest, prints.
 
 Exit status: 0 success, 2 bad usage, 69 a resource the agent cannot work without, 78 invalid configuration.
 """
@@ -147,7 +147,7 @@ def _add_probe_parser(sub: Any) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Flags win over the file (spec/cli.md)."""
+    """Flags win over the file."""
     agent: dict[str, Any] = {}
     simulated: dict[str, Any] = {}
     for flag, key in (

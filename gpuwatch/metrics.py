@@ -1,7 +1,8 @@
 """The metric catalogue: every name, type, help text and label set that gpuwatch exports, in one table.
 
-spec/metrics.md is the contract; a test parses it and holds this table to it. Code refers to metrics through
-``CATALOGUE[name]`` so a typo is a KeyError at start-up, not a silently missing series.
+docs/metrics.md is generated from this table (python docs/generate.py); a test holds it to the names first agreed
+(tests/fixtures/spec-names.json): add metrics, never rename one. Code refers to metrics through ``CATALOGUE[name]`` so
+a typo is a KeyError at start-up, not a silently missing series.
 """
 
 from __future__ import annotations
@@ -159,5 +160,5 @@ _SPECS: tuple[MetricSpec, ...] = (
 
 CATALOGUE: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
-# The names `--disable-collector` takes (spec/metrics.md).
+# The names `--disable-collector` takes (docs/metrics.md).
 COLLECTORS: tuple[str, ...] = ("nvml", "amdsmi", "xid_events", "hwmon", "ipmi", "probe")

@@ -11,7 +11,7 @@ from typing import Literal
 
 Vendor = Literal["nvidia", "amd"]
 
-# The one vocabulary of throttle reasons (spec/metrics.md, "Throttling").
+# The one vocabulary of throttle reasons (docs/metrics.md, "Throttling").
 THROTTLE_REASONS: tuple[str, ...] = (
     "gpu_idle",
     "applications_clocks",

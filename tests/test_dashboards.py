@@ -137,7 +137,7 @@ def test_queries_read_only_spec_metrics_and_existing_rules() -> None:
         for name in metric_names(q.expr):
             if name not in spec and name not in rules and name not in PROMETHEUS_BUILTINS:
                 unknown.setdefault(name, []).append(q.key)
-    assert not unknown, f"queries read metrics that are neither in spec/metrics.md nor recorded: {unknown}"
+    assert not unknown, f"queries read metrics that are neither in docs/metrics.md nor recorded: {unknown}"
 
 
 def test_joins_are_on_uuid() -> None:
