@@ -290,8 +290,10 @@ class Agent:
         try:
             backend = slot.factory()
             backend.open()
-        except BackendUnavailable as exc:
-            self._backend_failed(slot, now, str(exc))
+        except Exception as exc:  # a bug in a backend is a library that cannot be used: backoff, never a loop
+            if not isinstance(exc, BackendUnavailable) and not slot.down_reported:
+                log.exception("%s failed to open unexpectedly", slot.name)
+            self._backend_failed(slot, now, str(exc) if isinstance(exc, BackendUnavailable) else repr(exc))
             return None
         with slot.lock:
             slot.backend = backend
@@ -465,8 +467,8 @@ def _nvml_factory() -> Backend:
 
 def _simulated_sources(config: Config, simulated_node: SimulatedNode | None = None) -> NodeSources:
     from gpuwatch.backends.nvml import NvmlBackend
+    from gpuwatch.simulated.bindings import simulated_pynvml
     from gpuwatch.simulated.host_sensors import simulated_host_sources
-    from gpuwatch.simulated.nvml_lib import SimulatedNvml
     from gpuwatch.simulated.scenarios import SimulatedNode
 
     sim = config.simulated
@@ -476,7 +478,7 @@ def _simulated_sources(config: Config, simulated_node: SimulatedNode | None = No
 
         slot = simulated_amd_slot(node)
     else:
-        lib = SimulatedNvml(node)
+        lib = simulated_pynvml(node)
         slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
     sources = NodeSources([slot], node.pci_gpu_counts, None, simulated_host_sources(node, config))
     sources.probe_slowdown = node.probe_slowdown

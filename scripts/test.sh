@@ -24,4 +24,15 @@ fi
 # The probe worker's real code runs on the CPU in CI: PyTorch's CPU build (this pin installs it from the local
 # package mirror; an unpinned torch would download a multi-GB CUDA build). Not in the dev extra for that reason.
 .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+# The vendors' bindings the simulation also runs under, beside the installed ones (tests/bindings.py finds them):
+# the oldest nvidia-ml-py pyproject allows and an amdsmi 6.x. Pure-Python wheels, unpacked, never installed.
+for pinned in nvidia-ml-py==12.570.86 amdsmi==6.4.3; do
+  target=".venv/bindings/${pinned/==/-}"
+  if [ ! -d "$target" ]; then
+    wheels=$(mktemp -d)
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "$pinned" >/dev/null
+    .venv/bin/python -m zipfile -e "$wheels"/*.whl "$target.partial" && mv "$target.partial" "$target"
+    rm -rf "$wheels"
+  fi
+done
 exec .venv/bin/python -m pytest -q "$@"

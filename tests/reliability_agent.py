@@ -15,7 +15,7 @@ from gpuwatch.agent import Agent, BackendSlot, NodeSources
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
 from gpuwatch.sdnotify import ServiceNotifier
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 POLL = 0.2
@@ -37,7 +37,7 @@ class LiveAgent:
         if vendor == "amd":
             slot = BackendSlot("amdsmi", "amd", lambda: amd_backend(self.node, time.time))
         else:
-            lib = SimulatedNvml(self.node)
+            lib = simulated_pynvml(self.node)
             slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
         self.port = free_port()
         overrides: dict[str, dict[str, object]] = {

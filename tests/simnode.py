@@ -14,8 +14,8 @@ from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.simulated.amdsmi_lib import import_simulated_amdsmi
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.host_sensors import simulated_host_sources
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 START_WALL = 1_800_000_000.0
@@ -56,7 +56,7 @@ class SimAgent:
         if vendor == "amd":  # the real AMD SMI backend over the simulated amdsmi module (its import may fail)
             self.slot = BackendSlot("amdsmi", "amd", lambda: amd_backend(self.node, self.clock.wall))
         else:
-            lib = SimulatedNvml(self.node)
+            lib = simulated_pynvml(self.node)
             self.slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=self.clock.wall))
         overrides: dict[str, dict[str, object]] = {
             "agent": {"backend": "simulated", "state_dir": str(state_dir), **config}

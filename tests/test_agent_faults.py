@@ -17,7 +17,7 @@ from gpuwatch.agent import Agent, BackendSlot, NodeSources
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 POLL = 0.2
@@ -26,7 +26,7 @@ POLL = 0.2
 class Running:
     def __init__(self, tmp_path: Path, scenario: str = "healthy") -> None:
         self.node = SimulatedNode(scenario=scenario, gpus=4)
-        lib = SimulatedNvml(self.node)
+        lib = simulated_pynvml(self.node)
         slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
         self.port = free_port()
         overrides = {
@@ -143,3 +143,40 @@ def test_random_errors_never_stop_the_agent(running: Running) -> None:
         list(text_string_to_metric_families(text))  # always parses
     running.node.faults.clear_failures()
     wait_for(lambda: set(running.up().values()) == {1.0})
+
+
+class _BrokenOnOpen:
+    """A backend whose open fails with an error that is not BackendUnavailable (a bug, a binding quirk)."""
+
+    name = "nvml"
+    vendor = "nvidia"
+
+    def __init__(self, opens: list[float]) -> None:
+        self._opens = opens
+
+    def open(self) -> None:
+        self._opens.append(time.monotonic())
+        raise TypeError("unhashable type")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_backend_that_fails_to_open_with_a_bug_is_down_with_backoff(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any exception while opening makes the library 'down' (gpuwatch_backend_up 0, the reason in the log once)
+    and is retried with backoff, never a traceback on every poll (issue: 13 tracebacks in 8 s, no backend_up)."""
+    opens: list[float] = []
+    now = [0.0]
+    slot = BackendSlot("nvml", "nvidia", lambda: _BrokenOnOpen(opens))  # type: ignore[arg-type, return-value]
+    overrides = {"agent": {"backend": "simulated", "state_dir": str(tmp_path)}}
+    sources = NodeSources([slot], lambda: {"nvidia": 1}, None)
+    agent = Agent(load_config(None, overrides), sources, monotonic=lambda: now[0])
+    for _ in range(40):  # 40 polls over 8 s
+        agent.poll_once()
+        now[0] += 0.2
+    assert len(opens) == 4  # at 0, 1, 3 and 7 s
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1
+    assert agent.registry.get_sample_value("gpuwatch_backend_up", {"backend": "nvml"}) == 0.0

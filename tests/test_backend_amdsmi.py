@@ -1,6 +1,7 @@
-"""The AMD SMI backend over the simulated amdsmi module: AMD SMI's quirks ("N/A" strings, 6.x vs 7.x keys,
-NotSupported calls, a library that goes away, violation status's sleep, compute partitions, resets) and the
-agent's wiring (`--backend auto` with both vendors, AMD numbered after NVIDIA, no AMD series on NVIDIA nodes)."""
+"""The AMD SMI backend over AMD's own amdsmi package (7.0.2 and 6.4.3) on a simulated libamd_smi.so: AMD SMI's
+quirks ("N/A" strings, 6.x vs 7.x, NotSupported calls, a library that goes away, violation status's sleep, compute
+partitions, resets) and the agent's wiring (`--backend auto` with both vendors, AMD numbered after NVIDIA, no AMD
+series on NVIDIA nodes). Line numbers are amdsmi 7.0.2's (amdsmi_interface.py, amdsmi_wrapper.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amd_releases import over_releases
 from simnode import SimAgent
 
 from gpuwatch.agent import Agent, build_sources
@@ -17,8 +19,9 @@ from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import load_config
 from gpuwatch.model import GpuSample
-from gpuwatch.simulated.amdsmi_lib import SHAPES, SimulatedAmdSmi, import_simulated_amdsmi
-from gpuwatch.simulated.amdsmi_types import STATUS
+from gpuwatch.simulated import amdsmi_readings
+from gpuwatch.simulated.amdsmi_clib import SimulatedLibAmdSmi, Status
+from gpuwatch.simulated.amdsmi_sim import library_of, simulated_amdsmi
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 
@@ -32,15 +35,15 @@ class Clock:
 
 @contextlib.contextmanager
 def opened(
-    scenario: str = "healthy", gpus: int = 2, **lib_options: Any
-) -> Iterator[tuple[AmdSmiBackend, SimulatedAmdSmi, SimulatedNode, Clock]]:
+    release: str, scenario: str = "healthy", gpus: int = 2, **options: Any
+) -> Iterator[tuple[AmdSmiBackend, SimulatedLibAmdSmi, SimulatedNode, Clock]]:
     clock = Clock()
     node = SimulatedNode(scenario, gpus=gpus, vendor="amd", clock=clock, wall_clock=lambda: 1_800_000_000.0)
-    lib = import_simulated_amdsmi(node, **lib_options)
-    backend = AmdSmiBackend(lib, clock=lambda: 1_800_000_000.0 + clock.t)
+    amdsmi = simulated_amdsmi(node, binding=release, **options)
+    backend = AmdSmiBackend(amdsmi, clock=lambda: 1_800_000_000.0 + clock.t)
     backend.open()
     try:
-        yield backend, lib, node, clock
+        yield backend, library_of(amdsmi), node, clock
     finally:
         backend.close()
 
@@ -51,14 +54,16 @@ def sample(backend: AmdSmiBackend, gpu: int = 0, slow: bool = False) -> GpuSampl
     return found
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_every_key_set_gives_the_same_readings(shape: str) -> None:
-    """7.0 socket_power; 6.4 current_socket_power and power_info(sensor_ind); 6.1 cur_clk, energy under 'power'."""
-    with opened("busy", shape=shape) as (backend, lib, _, clock):
+@over_releases
+def test_both_releases_give_the_same_readings(release: str) -> None:
+    """7.0.2 reads power_info's socket_power (amdsmi_interface.py:2887); 6.4.3 calls amdsmi_get_power_info_v2
+    (its amdsmi_interface.py:2580) whose struct has current_socket_power only. Power caps in µW (amdsmi.h
+    amdsmi_power_cap_info_t), energy in counts x counter_resolution µJ (amdsmi_interface.py:4123)."""
+    with opened(release, "busy") as (backend, lib, _, clock):
         first = sample(backend, slow=True)
         clock.t = 5.0
         later = sample(backend)
-    assert lib.shape == shape
+    assert lib.calls["amdsmi_get_power_info_v2" if release.startswith("6.") else "amdsmi_get_power_info"] > 0
     assert 700 <= (later.power_watts or 0) <= 750
     assert later.clock_hertz["graphics"] > 1.5e9 and later.clock_hertz["sm"] == later.clock_hertz["graphics"]
     assert (later.energy_joules or 0) - (first.energy_joules or 0) == pytest.approx(5 * 748, rel=0.02)
@@ -66,30 +71,52 @@ def test_every_key_set_gives_the_same_readings(shape: str) -> None:
     assert later.memory_total_bytes == 192 * 2**30
     assert later.throttle_counter_seconds["sw_power_cap"] == pytest.approx(5.0, abs=0.3)
     assert later.throttle_active["sw_power_cap"]
+    assert backend.versions()["amdsmi"] == release
 
 
-def test_na_strings_are_left_out_never_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    """AMD SMI answers "N/A" in dict values; those readings are missing, not 0."""
-    with opened() as (backend, lib, _, _clock):
-        real_activity, real_power = lib.amdsmi_get_gpu_activity, lib.amdsmi_get_power_info
+@over_releases
+def test_na_strings_are_left_out_never_zero(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library writes 0xFFFF where a value is unavailable and the vendor's Python answers "N/A"
+    (amdsmi_interface.py:2343 activity, :2913 power_info); those readings are missing, not 0."""
 
-        def activity(handle: object) -> dict[str, Any]:
-            return {**real_activity(handle), "gfx_activity": "N/A", "umc_activity": "N/A"}
+    def no_activity(struct: Any, state: Any) -> None:
+        amdsmi_readings.put(struct, {"gfx_activity": 0xFFFF, "umc_activity": 0xFFFF, "mm_activity": 0xFFFF})
 
-        def power(handle: object) -> dict[str, Any]:
-            return {**real_power(handle), "socket_power": "N/A", "current_socket_power": "N/A"}
+    def no_power(struct: Any, state: Any) -> None:
+        amdsmi_readings.put(struct, {"socket_power": 0xFFFF, "current_socket_power": 0xFFFF,
+                                     "average_socket_power": 0xFFFF}, optional=("socket_power",))  # fmt: skip
 
-        monkeypatch.setattr(lib, "amdsmi_get_gpu_activity", activity)
-        monkeypatch.setattr(lib, "amdsmi_get_power_info", power)
+    monkeypatch.setattr(amdsmi_readings, "engine_usage", no_activity)
+    monkeypatch.setattr(amdsmi_readings, "power_info", no_power)
+    with opened(release) as (backend, _, _, _clock):
         found = sample(backend)
     assert found.utilization_ratio is None and found.memory_utilization_ratio is None
-    assert found.power_watts is None  # average_socket_power is "N/A" on an MI300X too
+    assert found.power_watts is None
     assert "edge" not in found.temperature_celsius  # MI300X has no edge sensor: NOT_SUPPORTED
 
 
-def test_not_supported_is_remembered_and_not_asked_again() -> None:
-    with opened() as (backend, lib, node, _clock):
-        node.faults.fail("amdsmi_get_gpu_vram_usage", STATUS["AMDSMI_STATUS_NOT_SUPPORTED"], gpu=0)
+@over_releases
+def test_bytes_amdsmi_cannot_decode_cost_that_value_not_the_gpu(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """amdsmi's Python decodes the library's strings itself (amdsmi_interface.py:2748 board_info's product_serial
+    ``.decode("utf-8")``): a corrupt FRU EEPROM raises UnicodeDecodeError, not an AmdSmiException. The GPU is still
+    enumerated and read; its serial comes from asic_info instead."""
+    fill = amdsmi_readings.board_info
+
+    def corrupt(struct: Any, spec: Any) -> None:
+        fill(struct, spec)
+        struct.product_serial = b"\xff\xfe\x01"
+
+    monkeypatch.setattr(amdsmi_readings, "board_info", corrupt)
+    with opened(release) as (backend, _, _, _clock):
+        assert [g.serial.startswith("0x") for g in backend.gpus()] == [True, True]
+        assert sample(backend).temperature_celsius["core"] > 0
+
+
+@over_releases
+def test_not_supported_is_remembered_and_not_asked_again(release: str) -> None:
+    """NOT_SUPPORTED (amdsmi.h 2) raises AmdSmiLibraryException(2) (amdsmi_interface.py:698)."""
+    with opened(release) as (backend, lib, node, _clock):
+        node.faults.fail("amdsmi_get_gpu_vram_usage", Status.NOT_SUPPORTED, gpu=0)
         for _ in range(3):
             assert sample(backend, 0).memory_total_bytes is None
         asked = lib.calls["amdsmi_get_gpu_vram_usage"]
@@ -98,9 +125,11 @@ def test_not_supported_is_remembered_and_not_asked_again() -> None:
         assert sample(backend, 1).memory_total_bytes is not None
 
 
-def test_violation_status_is_never_called_in_the_fast_poll() -> None:
-    """It sleeps ~100 ms per call; the residency counters come from gpu_metrics instead."""
-    with opened("busy", gpus=2, latency_scale=1.0) as (backend, lib, _, clock):
+@over_releases
+def test_violation_status_is_never_called_in_the_fast_poll(release: str) -> None:
+    """It sleeps ~100 ms per call; the residency counters come from gpu_metrics instead (amdsmi_interface.py:4695,
+    accumulation_counter and *_residency_acc)."""
+    with opened(release, "busy", gpus=2, latency_scale=1.0) as (backend, lib, _, clock):
         for step in range(5):
             clock.t = float(step)
             backend.poll(slow=step == 0)
@@ -108,23 +137,27 @@ def test_violation_status_is_never_called_in_the_fast_poll() -> None:
         assert lib.calls["amdsmi_get_gpu_metrics_info"] == 10
 
 
-def test_a_failing_gpu_is_unreadable_while_the_others_are_read() -> None:
-    with opened(gpus=3) as (backend, _, node, _clock):
+@over_releases
+def test_a_failing_gpu_is_unreadable_while_the_others_are_read(release: str) -> None:
+    """A lost GPU answers AMDSMI_STATUS_NOT_FOUND (31) to every call."""
+    with opened(release, gpus=3) as (backend, _, node, _clock):
         node.faults.lose_gpu(1)
         readings = backend.poll(slow=False)
     assert readings[1].sample is None and "does not answer" in (readings[1].error or "")
     assert readings[0].sample is not None and readings[2].sample is not None
 
 
-def test_the_library_disappearing_mid_run_makes_the_backend_unavailable() -> None:
-    with opened() as (backend, _, node, _clock):
+@over_releases
+def test_the_library_disappearing_mid_run_makes_the_backend_unavailable(release: str) -> None:
+    """DRIVER_NOT_LOADED (34) from a running library; then the import itself fails: the wrapper prints and
+    raises KeyError('libamd_smi.so') (amdsmi_wrapper.py:203-211)."""
+    with opened(release) as (backend, _, node, _clock):
         sample(backend)
         node.faults.set_library_missing(True)  # amdgpu unloaded under the running agent
         with pytest.raises(BackendUnavailable, match="amdgpu kernel driver is not loaded"):
             backend.poll(slow=False)
-        # Reopening imports the module again: now the import itself fails, reported, never raised further.
-        with pytest.raises(BackendUnavailable, match="AMD SMI library not found"):
-            load_amdsmi(lambda: import_simulated_amdsmi(node))
+        with pytest.raises(BackendUnavailable, match=r"AMD SMI library not found.*KeyError"):
+            load_amdsmi(lambda: simulated_amdsmi(node, binding=release))
 
 
 def test_the_agent_reports_the_library_gone_then_back(tmp_path: Path) -> None:
@@ -145,8 +178,11 @@ def test_the_agent_reports_the_library_gone_then_back(tmp_path: Path) -> None:
         sim.close()
 
 
-def test_compute_partitions_do_not_repeat_socket_readings() -> None:
-    with opened("busy", gpus=2, partition="CPX") as (backend, _, _, clock):
+@over_releases
+def test_compute_partitions_do_not_repeat_socket_readings(release: str) -> None:
+    """CPX: one socket handle with 8 processor handles (amdsmi_interface.py:969 lists processors per socket);
+    kfd_info's current_partition_id (:2089) tells partition 0."""
+    with opened(release, "busy", gpus=2, partition="CPX") as (backend, _, _, clock):
         backend.poll(slow=True)
         clock.t = 2.0
         readings = backend.poll(slow=False)
@@ -164,19 +200,24 @@ def test_compute_partitions_do_not_repeat_socket_readings() -> None:
     assert resets == [readings[0].identity.uuid, readings[8].identity.uuid]
 
 
-def test_reset_events_from_the_event_reader_no_data_is_no_event() -> None:
-    with opened(gpus=2) as (backend, _, node, _clock):
-        assert backend.wait_events(0.0) == []  # NO_DATA (40) from the reader: nothing happened
+@over_releases
+def test_reset_events_from_the_event_reader_no_data_is_no_event(release: str) -> None:
+    """AmdSmiEventReader.read (amdsmi_interface.py:587) raises NO_DATA (40) when nothing came. Its events name the
+    GPU by a c_void_p in 7.0.2 (:603) but by the raw int address in 6.4.3 (its amdsmi_interface.py:560): both
+    must find the GPU."""
+    with opened(release, gpus=2) as (backend, _, node, _clock):
+        assert backend.wait_events(0.0) == []
         node.faults.emit_reset(1)
         events = backend.wait_events(0.5)
         assert [(e.kind, e.uuid, e.source) for e in events] == [("reset", backend.gpus()[1].uuid, "amdsmi")]
 
 
-def test_amd_gpus_are_numbered_after_nvidia_when_both_are_on_the_node(tmp_path: Path) -> None:
+@over_releases
+def test_amd_gpus_are_numbered_after_nvidia_when_both_are_on_the_node(release: str) -> None:
     nvidia = SimulatedNode("healthy", gpus=4, vendor="nvidia")
     amd = SimulatedNode("healthy", gpus=2, vendor="amd")
     offset: Callable[[], int] = lambda: nvidia.gpu_count  # noqa: E731 - the PCI count, as build_sources asks it
-    backend = AmdSmiBackend(load_amdsmi(lambda: import_simulated_amdsmi(amd)), index_offset=offset)
+    backend = AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(amd, binding=release)), index_offset=offset)
     backend.open()
     try:
         assert [g.index for g in backend.gpus()] == [4, 5]

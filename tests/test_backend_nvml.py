@@ -25,7 +25,7 @@ import pytest
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.backends.nvml import NvmlBackend, load_pynvml
 from gpuwatch.model import THROTTLE_REASONS, GpuSample
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 FIXTURE = json.loads((Path(__file__).resolve().parent / "fixtures/h100/nvml-idle.json").read_text())
@@ -707,7 +707,7 @@ class Counting:
 @dataclass
 class Sim:
     node: SimulatedNode
-    lib: SimulatedNvml
+    lib: Any
     clock: FakeClock
     backend: NvmlBackend
 
@@ -728,7 +728,7 @@ def simulate(scenario: str = "healthy", gpus: int = 4, *, opened: bool = True, *
     node = SimulatedNode(
         scenario=scenario, gpus=gpus, vendor="nvidia", seed=0, clock=clock, wall_clock=lambda: 1.75e9, **options
     )
-    lib = SimulatedNvml(node)
+    lib = simulated_pynvml(node)
     sim = Sim(node, lib, clock, NvmlBackend(lib, clock=node.wall_time))
     if opened:
         sim.backend.open()

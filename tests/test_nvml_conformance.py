@@ -1,255 +1,119 @@
-"""The simulated NVML holds to the installed nvidia-ml-py: names, signatures, constants, errors and struct fields.
+"""The simulated libnvidia-ml holds to nvml.h as nvidia-ml-py sees it, in the oldest and the newest release.
 
-The backend is written against pynvml and tested over the simulation; these tests make sure the two cannot drift
-apart silently (a function the real module lacks, a renamed parameter, a constant with another value).
+The simulation sits under the vendor's own Python: pynvml's wrappers build the structs, pass pointers and raise
+the errors. What is left to hold is the C side: the library exports only symbols pynvml looks up, fills structs
+laid out as pynvml's, and uses nvml.h's numbers. The backend then runs over each release (test_backend_nvml.py).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+import ctypes
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nvml_bindings import RELEASES, binding_path
 
+from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.simulated import nvml_constants
-from gpuwatch.simulated.nvml_errors import NVMLError as SimNVMLError
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
-from gpuwatch.simulated.nvml_structs import STRUCTS
+from gpuwatch.simulated.bindings import load_module_copy, simulated_pynvml
+from gpuwatch.simulated.libnvml import ERROR_STRINGS, PROTOTYPES
+from gpuwatch.simulated.nvml_structs import BINDING_NAMES
 from gpuwatch.simulated.scenarios import SimulatedNode
 
-pynvml = pytest.importorskip("pynvml")
 
-# What the backend needs; each must exist on both modules.
-REQUIRED_FUNCTIONS = [
-    "nvmlInit",
-    "nvmlInitWithFlags",
-    "nvmlShutdown",
-    "nvmlErrorString",
-    "nvmlSystemGetDriverVersion",
-    "nvmlSystemGetNVMLVersion",
-    "nvmlSystemGetCudaDriverVersion_v2",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetHandleByUUID",
-    "nvmlDeviceGetHandleByPciBusId",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetSerial",
-    "nvmlDeviceGetVbiosVersion",
-    "nvmlDeviceGetBoardPartNumber",
-    "nvmlDeviceGetPciInfo",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetCudaComputeCapability",
-    "nvmlDeviceGetPersistenceMode",
-    "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetComputeMode",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetTemperatureV",
-    "nvmlDeviceGetTemperatureThreshold",
-    "nvmlDeviceGetMarginTemperature",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetMaxClockInfo",
-    "nvmlDeviceGetApplicationsClock",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetCurrentClocksThrottleReasons",
-    "nvmlDeviceGetSupportedClocksEventReasons",
-    "nvmlDeviceGetSupportedClocksThrottleReasons",
-    "nvmlDeviceGetViolationStatus",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetPowerManagementLimit",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetPowerManagementDefaultLimit",
-    "nvmlDeviceGetPowerManagementLimitConstraints",
-    "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetPowerSource",
-    "nvmlDeviceGetPerformanceState",
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetNumFans",
-    "nvmlDeviceGetFanSpeed",
-    "nvmlDeviceGetFanSpeed_v2",
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetEccMode",
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-    "nvmlDeviceGetCurrPcieLinkGeneration",
-    "nvmlDeviceGetMaxPcieLinkGeneration",
-    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
-    "nvmlDeviceGetCurrPcieLinkWidth",
-    "nvmlDeviceGetMaxPcieLinkWidth",
-    "nvmlDeviceGetPcieReplayCounter",
-    "nvmlDeviceGetPcieThroughput",
-    "nvmlDeviceGetNvLinkState",
-    "nvmlDeviceGetNvLinkErrorCounter",
-    "nvmlDeviceGetFieldValues",
-    "nvmlEventSetCreate",
-    "nvmlDeviceGetSupportedEventTypes",
-    "nvmlDeviceRegisterEvents",
-    "nvmlEventSetWait_v2",
-    "nvmlEventSetFree",
-    "nvmlExceptionClass",
-]
+def _symbols_looked_up(path: Path) -> set[str]:
+    return set(re.findall(r'_nvmlGetFunctionPointer\("(\w+)"\)', path.read_text()))
 
 
-@pytest.fixture
-def lib() -> SimulatedNvml:
-    return SimulatedNvml(SimulatedNode("busy", gpus=2, clock=lambda: 5.0, wall_clock=lambda: 1.8e9))
+@pytest.fixture(params=RELEASES)
+def release(request: pytest.FixtureRequest) -> Path:
+    return binding_path(request.param)
 
 
-def _public(lib: SimulatedNvml) -> dict[str, Any]:
-    return {name: getattr(lib, name) for name in dir(lib) if not name.startswith("_")}
+def test_every_exported_symbol_is_one_pynvml_looks_up() -> None:
+    """A symbol no release of pynvml asks for could only be reached by our own code (pynvml.py:
+    ``_nvmlGetFunctionPointer(name)`` is the only door to the library)."""
+    looked_up = set().union(*(_symbols_looked_up(binding_path(r)) for r in RELEASES))
+    assert len(PROTOTYPES) > 60
+    assert set(PROTOTYPES) <= looked_up, sorted(set(PROTOTYPES) - looked_up)
 
 
-def _functions(lib: SimulatedNvml) -> dict[str, Callable[..., Any]]:
-    return {n: v for n, v in _public(lib).items() if callable(v) and not isinstance(v, type)}
+def test_structs_are_laid_out_as_the_bindings_structs(release: Path) -> None:
+    """pynvml hands over ``byref(its_struct)``; the library writes at its own offsets: sizes and offsets agree."""
+    module = load_module_copy(release, "layout")
+    for ours, name in BINDING_NAMES.items():
+        theirs = getattr(module, name)
+        assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), name
+        for field_name, *_ in theirs._fields_:
+            assert getattr(ours, field_name).offset == getattr(theirs, field_name).offset, (name, field_name)
 
 
-def _signature(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+def test_constants_have_the_header_values() -> None:
+    """nvml_constants is nvml.h of the newest release: every value as the installed pynvml defines it."""
+    module = load_module_copy(binding_path("installed"), "constants")
+    names = [n for n in dir(nvml_constants) if not n.startswith("_") and isinstance(getattr(nvml_constants, n), int)]
+    assert len(names) > 300
+    for name in names:
+        assert getattr(module, name) == getattr(nvml_constants, name), name
 
 
-def test_required_functions_exist_on_both(lib: SimulatedNvml) -> None:
-    for name in REQUIRED_FUNCTIONS:
-        assert hasattr(pynvml, name), f"pynvml lacks {name}: the list is wrong"
-        assert callable(getattr(lib, name, None)), f"the simulated NVML lacks {name}"
-
-
-def test_every_public_function_exists_in_pynvml_with_the_same_signature(lib: SimulatedNvml) -> None:
-    functions = _functions(lib)
-    assert len(functions) >= len(REQUIRED_FUNCTIONS)
-    for name, fn in functions.items():
-        real = getattr(pynvml, name, None)
-        assert real is not None, f"{name} is not a pynvml function: a backend using it would fail on a real GPU"
-        assert callable(real)
-        assert _signature(fn) == _signature(real), name
-
-
-def test_names_pynvml_lacks_are_absent(lib: SimulatedNvml) -> None:
-    # The fixture's probe found these missing from the real module; a backend must not come to rely on them.
-    for name in ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetUuid", "nvmlDeviceGetTemperature_v2"):
-        assert not hasattr(pynvml, name)
-        assert not hasattr(lib, name)
-
-
-def test_every_constant_has_pynvml_value(lib: SimulatedNvml) -> None:
-    constants = {n: v for n, v in _public(lib).items() if isinstance(v, int)}
-    assert len(constants) > 300
-    for name, value in constants.items():
-        assert hasattr(pynvml, name), name
-        assert getattr(pynvml, name) == value, name
-    # and the constants module itself, which the fields and the library are built from
-    for name in dir(nvml_constants):
-        value = getattr(nvml_constants, name)
-        if not name.startswith("_") and isinstance(value, int):
-            assert getattr(pynvml, name) == value, name
-
-
-def test_constants_the_backend_uses_are_present(lib: SimulatedNvml) -> None:
-    for name in (
-        "NVML_SUCCESS",
-        "NVML_TEMPERATURE_GPU",
-        "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
-        "NVML_CLOCK_SM",
-        "NVML_PERF_POLICY_THERMAL",
-        "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
-        "NVML_AGGREGATE_ECC",
-        "NVML_POWER_SOURCE_UNDERSIZED",
-        "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS",
-        "NVML_GPU_RECOVERY_ACTION_GPU_RESET",
-        "NVML_FI_DEV_MEMORY_TEMP",
-        "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
-        "NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER",
-        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
-        "nvmlMemory_v2",
-        "nvmlClocksEventReasonHwPowerBrakeSlowdown",
-        "nvmlClocksThrottleReasonSwThermalSlowdown",
-        "nvmlEventTypeXidCriticalError",
-        "NVML_ERROR_GPU_IS_LOST",
-    ):
-        assert getattr(lib, name) == getattr(pynvml, name), name
-
-
-def test_error_classes_match_for_every_code(lib: SimulatedNvml) -> None:
-    real_codes = {getattr(pynvml, n) for n in dir(pynvml) if n.startswith("NVML_ERROR_")}
-    sim_codes = set(SimNVMLError._valClassMapping)
-    assert sim_codes == real_codes
-    for code in sim_codes:
-        ours, theirs = lib.NVMLError(code), pynvml.NVMLError(code)
-        assert type(ours).__name__ == type(theirs).__name__, code
-        assert ours.value == theirs.value == code
-        assert isinstance(ours, lib.NVMLError)
-        assert lib.nvmlExceptionClass(code).__name__ == pynvml.nvmlExceptionClass(code).__name__
-        cls = getattr(lib, type(ours).__name__)
-        assert cls is type(ours)
-        assert cls().value == code  # NVMLError_NotSupported() needs no argument, as in pynvml
-        if code in pynvml.NVMLError._errcode_to_string:
-            assert str(ours) == str(theirs)
-    assert type(lib.NVMLError(123456)) is lib.NVMLError  # unknown code: the base class, as in pynvml
-    with pytest.raises(ValueError):
-        lib.nvmlExceptionClass(123456)
-
-
-def test_error_class_names_exist_in_pynvml(lib: SimulatedNvml) -> None:
-    classes = {n: v for n, v in _public(lib).items() if isinstance(v, type) and issubclass(v, BaseException)}
-    assert "NVMLError_GpuIsLost" in classes and "NVMLLibraryMismatchError" in classes
-    for name, cls in classes.items():
-        real = getattr(pynvml, name)
-        assert issubclass(cls, Exception) and issubclass(real, Exception)
-        assert issubclass(cls, lib.NVMLError) == issubclass(real, pynvml.NVMLError), name
-
-
-def test_struct_types_have_pynvml_field_names() -> None:
-    for name, ours in STRUCTS.items():
-        if name == "nvmlFriendlyObject":
-            continue
-        real = getattr(pynvml, name)
-        assert [f[0] for f in ours._fields_] == [f[0] for f in real._fields_], name
-
-
-def test_returned_objects_expose_the_struct_attributes(lib: SimulatedNvml) -> None:
-    def fields(struct_name: str) -> list[str]:
-        return [f[0] for f in getattr(pynvml, struct_name)._fields_]
-
+def test_error_strings_and_classes_come_from_pynvml(release: Path) -> None:
+    """NVMLError.__str__ asks the library (pynvml.py: nvmlErrorString sets restype c_char_p on the pointer);
+    the class per code is pynvml's own (_extractNVMLErrorsAsClasses)."""
+    lib = simulated_pynvml(SimulatedNode("healthy", gpus=1), binding=release)
+    for code, text in ERROR_STRINGS.items():
+        assert lib.nvmlErrorString(code) in (text, text.encode())
     lib.nvmlInit()
-    h = lib.nvmlDeviceGetHandleByIndex(0)
-    returned = {
-        "c_nvmlMemory_t": lib.nvmlDeviceGetMemoryInfo(h),
-        "c_nvmlMemory_v2_t": lib.nvmlDeviceGetMemoryInfo(h, version=lib.nvmlMemory_v2),
-        "c_nvmlUtilization_t": lib.nvmlDeviceGetUtilizationRates(h),
-        "nvmlPciInfo_t": lib.nvmlDeviceGetPciInfo(h),
-        "c_nvmlViolationTime_t": lib.nvmlDeviceGetViolationStatus(h, lib.NVML_PERF_POLICY_POWER),
-        "c_nvmlFieldValue_t": lib.nvmlDeviceGetFieldValues(h, [lib.NVML_FI_DEV_MEMORY_TEMP])[0],
-    }
-    for struct_name, obj in returned.items():
-        for attr in fields(struct_name):
-            assert hasattr(obj, attr), (struct_name, attr)
-    value = returned["c_nvmlFieldValue_t"].value
-    for attr in fields("c_nvmlValue_t"):
-        assert hasattr(value, attr)
-    processes = lib.nvmlDeviceGetComputeRunningProcesses(h)
-    assert processes
-    assert sorted(vars(processes[0])) == sorted(fields("c_nvmlProcessInfo_v3_t"))
-    faults = lib._node.faults
-    es = lib.nvmlEventSetCreate()
-    faults.emit_xid(0, 79)  # before registration: never delivered
-    lib.nvmlDeviceRegisterEvents(h, lib.nvmlEventTypeXidCriticalError, es)
-    faults.emit_xid(0, 48)
-    data = lib.nvmlEventSetWait_v2(es, 1000)
-    for attr in fields("c_nvmlEventData_t"):
-        assert hasattr(data, attr)
-    assert data.eventData == 48
+    with pytest.raises(lib.NVMLError_NotSupported, match="Not Supported"):
+        lib.nvmlDeviceGetFanSpeed(lib.nvmlDeviceGetHandleByIndex(0))
+    with pytest.raises(lib.NVMLError_FunctionNotFound):
+        lib.nvmlDeviceGetGpuOperationMode(lib.nvmlDeviceGetHandleByIndex(0))  # a symbol this library lacks
 
 
-def test_pci_info_strings_are_str_like_pynvml(lib: SimulatedNvml) -> None:
+def test_handles_and_event_sets_are_unhashable_ctypes_pointers(release: Path) -> None:
+    """pynvml returns ``c_nvmlDevice_t()`` / ``c_nvmlEventSet_t()`` (POINTER(struct)), a fresh object per call:
+    two handles of one GPU compare unequal and neither can be a dict key; only their address identifies them."""
+    lib = simulated_pynvml(SimulatedNode("healthy", gpus=2), binding=release)
     lib.nvmlInit()
-    info = lib.nvmlDeviceGetPciInfo(lib.nvmlDeviceGetHandleByIndex(0))
-    assert isinstance(info.busId, str) and info.busId == "00000000:18:00.0"
-    assert isinstance(info.busIdLegacy, str) and info.busIdLegacy == "0000:18:00.0"
-    real = pynvml.nvmlPciInfo_t()
-    real.busId = "00000000:18:00.0"
-    assert type(real.busId) is type(info.busId)
+    first, again = lib.nvmlDeviceGetHandleByIndex(0), lib.nvmlDeviceGetHandleByIndex(0)
+    event_set = lib.nvmlEventSetCreate()
+    for pointer in (first, event_set):
+        assert isinstance(pointer, ctypes._Pointer)
+        with pytest.raises(TypeError):
+            hash(pointer)
+    assert first != again
+    assert ctypes.addressof(first.contents) == ctypes.addressof(again.contents)
+
+
+def test_events_carry_the_device_pointer(release: Path) -> None:
+    """nvmlEventData_t.device is the nvmlDevice_t of the GPU (nvml.h), equal by address to its handle."""
+    node = SimulatedNode("healthy", gpus=2, clock=lambda: 5.0, wall_clock=lambda: 1.8e9)
+    lib = simulated_pynvml(node, binding=release)
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(1)
+    event_set = lib.nvmlEventSetCreate()
+    node.faults.emit_xid(1, 79)  # before registration: never delivered
+    lib.nvmlDeviceRegisterEvents(handle, lib.nvmlEventTypeXidCriticalError, event_set)
+    node.faults.emit_xid(1, 48)
+    data = lib.nvmlEventSetWait_v2(event_set, 1000)
+    assert (data.eventType, data.eventData) == (lib.nvmlEventTypeXidCriticalError, 48)
+    assert ctypes.addressof(data.device.contents) == ctypes.addressof(handle.contents)
+    with pytest.raises(lib.NVMLError_Timeout):
+        lib.nvmlEventSetWait_v2(event_set, 10)
+
+
+def test_the_backend_finds_every_function_it_uses(release: Path) -> None:
+    """Over a release's pynvml the backend opens, polls both tiers and never meets a missing function: every
+    symbol it reaches is one the simulated library has (a gap would hide a path from the tests)."""
+    node = SimulatedNode("busy", gpus=2, clock=lambda: 5.0, wall_clock=lambda: 1.8e9)
+    backend = NvmlBackend(simulated_pynvml(node, binding=release))
+    backend.open()
+    try:
+        readings = backend.poll(slow=True)
+        assert [r.sample is not None for r in readings] == [True, True]
+        missing: Any = backend._missing  # functions that answered FunctionNotFound
+        assert not missing, missing
+    finally:
+        backend.close()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpuwatch.model import THROTTLE_REASONS
 from gpuwatch.simulated import nvml_constants as c
-from gpuwatch.simulated.nvml_lib import SimulatedNvml
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import FAULT_GPU, SCENARIOS, SimulatedNode
 
 WALL = 1_795_342_040.0  # the fixture's unix time
@@ -34,31 +34,31 @@ class FakeClock:
 
 def make(
     scenario: str = "healthy", gpus: int = 8, seed: int = 0, **kw: Any
-) -> tuple[SimulatedNode, SimulatedNvml, FakeClock]:
+) -> tuple[SimulatedNode, Any, FakeClock]:
     clock = FakeClock()
     node = SimulatedNode(scenario, gpus=gpus, seed=seed, clock=clock, wall_clock=lambda: WALL, **kw)
-    lib = SimulatedNvml(node)
+    lib = simulated_pynvml(node)
     if scenario != "backend_down":
         lib.nvmlInit()
     return node, lib, clock
 
 
-def err(lib: SimulatedNvml, name: str) -> type[BaseException]:
+def err(lib: Any, name: str) -> type[BaseException]:
     cls: type[BaseException] = getattr(lib, name)
     return cls
 
 
-def field(lib: SimulatedNvml, h: object, fid: int) -> Any:
+def field(lib: Any, h: object, fid: int) -> Any:
     return lib.nvmlDeviceGetFieldValues(h, [fid])[0]
 
 
-def field_u(lib: SimulatedNvml, h: object, fid: int) -> int:
+def field_u(lib: Any, h: object, fid: int) -> int:
     fv = field(lib, h, fid)
     assert fv.nvmlReturn == 0 and fv.timestamp != 0, fid
     return int(fv.value.ullVal if fv.valueType == c.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG else fv.value.uiVal)
 
 
-def reasons(lib: SimulatedNvml, h: object) -> int:
+def reasons(lib: Any, h: object) -> int:
     return int(lib.nvmlDeviceGetCurrentClocksEventReasons(h))
 
 
@@ -198,42 +198,42 @@ def test_busy_gpu_sits_at_its_power_cap_healthy() -> None:
 
 # --- every scenario shows its fault in time, on its GPU only ----------------------------------------------------
 
-Check = Callable[[SimulatedNvml, Any], bool]
+Check = Callable[[Any, Any], bool]
 
 
-def _overheating(lib: SimulatedNvml, h: Any) -> bool:
+def _overheating(lib: Any, h: Any) -> bool:
     hot = lib.nvmlDeviceGetTemperature(h, 0) >= lib.nvmlDeviceGetTemperatureThreshold(h, 1)
     return hot and bool(reasons(lib, h) & c.nvmlClocksEventReasonHwThermalSlowdown)
 
 
-def _memory_hot(lib: SimulatedNvml, h: Any) -> bool:
+def _memory_hot(lib: Any, h: Any) -> bool:
     return field_u(lib, h, c.NVML_FI_DEV_MEMORY_TEMP) >= lib.nvmlDeviceGetTemperatureThreshold(h, 2) - 5
 
 
-def _power_brake(lib: SimulatedNvml, h: Any) -> bool:
+def _power_brake(lib: Any, h: Any) -> bool:
     mask = c.nvmlClocksEventReasonHwPowerBrakeSlowdown | c.nvmlClocksEventReasonHwSlowdown
     return reasons(lib, h) & mask == mask and lib.nvmlDeviceGetClockInfo(h, c.NVML_CLOCK_SM) < 700
 
 
-def _limit_low(lib: SimulatedNvml, h: Any) -> bool:
+def _limit_low(lib: Any, h: Any) -> bool:
     return lib.nvmlDeviceGetEnforcedPowerLimit(h) < 0.95 * lib.nvmlDeviceGetPowerManagementDefaultLimit(h)
 
 
-def _pcie_degraded(lib: SimulatedNvml, h: Any) -> bool:
+def _pcie_degraded(lib: Any, h: Any) -> bool:
     busy = lib.nvmlDeviceGetUtilizationRates(h).gpu > 50
     return busy and (lib.nvmlDeviceGetCurrPcieLinkGeneration(h), lib.nvmlDeviceGetCurrPcieLinkWidth(h)) == (3, 8)
 
 
-def _ecc(lib: SimulatedNvml, h: Any) -> bool:
+def _ecc(lib: Any, h: Any) -> bool:
     return lib.nvmlDeviceGetTotalEccErrors(h, c.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, c.NVML_AGGREGATE_ECC) > 0
 
 
-def _remap(lib: SimulatedNvml, h: Any) -> bool:
+def _remap(lib: Any, h: Any) -> bool:
     _, _, pending, failed = lib.nvmlDeviceGetRemappedRows(h)
     return bool(pending and failed) and field_u(lib, h, c.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) == 1
 
 
-def _lost(lib: SimulatedNvml, h: Any) -> bool:
+def _lost(lib: Any, h: Any) -> bool:
     try:
         lib.nvmlDeviceGetTemperature(h, 0)
     except err(lib, "NVMLError_GpuIsLost"):
@@ -416,7 +416,7 @@ def test_small_node_clamps_the_fault_gpu() -> None:
 
 def test_uninitialized_and_ref_counted_init() -> None:
     node = SimulatedNode(clock=FakeClock())
-    lib = SimulatedNvml(node)
+    lib = simulated_pynvml(node)
     uninit = err(lib, "NVMLError_Uninitialized")
     with pytest.raises(uninit):
         lib.nvmlDeviceGetCount()
@@ -434,7 +434,7 @@ def test_uninitialized_and_ref_counted_init() -> None:
 
 def test_non_handles_are_rejected() -> None:
     _, lib, _ = make()
-    other = SimulatedNvml(SimulatedNode(clock=FakeClock()))
+    other = simulated_pynvml(SimulatedNode(clock=FakeClock()))
     other.nvmlInit()
     for bad in (None, 0, "GPU-0", other.nvmlDeviceGetHandleByIndex(0)):
         with pytest.raises(err(lib, "NVMLError_InvalidArgument")):
@@ -528,7 +528,7 @@ def test_field_values_timestamp_zero_quirk_at_idle() -> None:
 def test_hw_reason_counter_quirk_modes(quirk: Any, at_idle: int, while_braking: bool) -> None:
     clock = FakeClock()
     node = SimulatedNode("power_brake", clock=clock, wall_clock=lambda: WALL)
-    lib = SimulatedNvml(node, hw_counter_quirk=quirk)
+    lib = simulated_pynvml(node, hw_counter_quirk=quirk)
     lib.nvmlInit()
     h = lib.nvmlDeviceGetHandleByIndex(2)
     fid = c.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
@@ -641,7 +641,7 @@ def test_hang_for_a_while() -> None:
 
 def test_library_missing_and_back() -> None:
     node = SimulatedNode(clock=FakeClock())
-    lib = SimulatedNvml(node)
+    lib = simulated_pynvml(node)
     node.faults.set_library_missing(True)
     with pytest.raises(lib.NVMLError) as raised:
         lib.nvmlInit()
@@ -667,8 +667,9 @@ def test_amd_node_has_no_nvml() -> None:
     node = SimulatedNode("healthy", vendor="amd", clock=FakeClock())
     assert node.pci_gpu_counts() == {"nvidia": 0, "amd": 8}
     assert node.spec(0).model == "AMD Instinct MI300X"
-    with pytest.raises(SimulatedNvml(node).NVMLError_LibraryNotFound):
-        SimulatedNvml(node).nvmlInit()
+    lib = simulated_pynvml(node)
+    with pytest.raises(lib.NVMLError_LibraryNotFound):
+        lib.nvmlInit()
     assert [e.kind for e in SimulatedNode("xid", vendor="amd").events_until(60.0)] == ["reset", "reset"]
 
 
@@ -683,7 +684,7 @@ def test_power_limit_can_change_at_run_time() -> None:
 
 def test_latency_scale_makes_slow_calls_slow() -> None:
     node = SimulatedNode(clock=FakeClock())
-    lib = SimulatedNvml(node, latency_scale=1.0)
+    lib = simulated_pynvml(node, latency_scale=1.0)
     lib.nvmlInit()
     h = lib.nvmlDeviceGetHandleByIndex(0)
     start = time.monotonic()
@@ -752,7 +753,7 @@ def test_events_are_filtered_by_registration() -> None:
 
 def test_emitted_xid_wakes_a_waiter_on_a_real_clock() -> None:
     node = SimulatedNode("healthy")
-    lib = SimulatedNvml(node)
+    lib = simulated_pynvml(node)
     lib.nvmlInit()
     es = lib.nvmlEventSetCreate()
     lib.nvmlDeviceRegisterEvents(lib.nvmlDeviceGetHandleByIndex(5), c.nvmlEventTypeXidCriticalError, es)
@@ -809,7 +810,7 @@ def test_event_thread_and_poll_thread_together() -> None:
 # --- counters only grow, and only while their reason holds --------------------------------------------------------
 
 
-def _counters(lib: SimulatedNvml, h: Any) -> list[int]:
+def _counters(lib: Any, h: Any) -> list[int]:
     fids = [
         c.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
         c.NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER,

@@ -1,11 +1,12 @@
 """The AMD SMI backend: the only module of gpuwatch that speaks AMD SMI.
 
-It takes the ``amdsmi`` module (or the simulated stand-in) as a parameter, so the code that runs on a customer's
-MI300X is the code the tests run. Every library call passes through one choke point, ``AmdSmiBackend._invoke``,
-which turns "this device cannot give that" (NOT_SUPPORTED, remembered per GPU) into ``None`` and real trouble into
-exceptions: the library failing (``BackendUnavailable``; the agent reopens it) and one GPU failing (its reading has
-no sample while the other GPUs keep being read). Every dict value is type-checked: AMD SMI answers ``"N/A"``
-strings where a value is unavailable.
+It takes the ``amdsmi`` module as a parameter (the simulation passes AMD's own package over a simulated
+libamd_smi.so), so the code that runs on a customer's MI300X is the code the tests run. Every library call passes
+through one choke point, ``AmdSmiBackend._invoke``, which turns "this device cannot give that" (NOT_SUPPORTED,
+remembered per GPU) into ``None`` and real trouble into exceptions: the library failing (``BackendUnavailable``; the
+agent reopens it) and one GPU failing (its reading has no sample while the other GPUs keep being read). amdsmi's own
+Python failing on an answer (bytes it cannot decode) costs that value only. Every dict value is type-checked: AMD
+SMI answers ``"N/A"`` strings where a value is unavailable.
 
 Tiers as for NVML: static (identity, temperature limits, max clocks, PCIe maxima, partition; at open and after a
 driver change), slow (power caps, ECC, bad pages, PCIe link and counters, XGMI, partition mode) and fast (every
@@ -181,6 +182,11 @@ class AmdSmiBackend:
             if gpu is not None:
                 gpu.unsupported.add(key)
             raise _Unavailable(f"{name}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # amdsmi's Python choking on what the library gave (bytes that are not UTF-8,
+            # a serial that is not hex, an enum value it does not know): that value is unavailable on this GPU
+            if gpu is not None:
+                gpu.unsupported.add(key)
+            raise _Unavailable(f"{name}: amdsmi failed on the library's answer: {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
     def _raise_for(gpu: _Gpu | None, name: str, key: Hashable, code: int, exc: BaseException) -> NoReturn:
@@ -618,7 +624,10 @@ def _package_version(lib: Any) -> str:
 
 
 def _handle_key(handle: Any) -> Hashable:
-    """A processor handle (a ctypes void pointer) by the address it holds: two handles of one GPU compare unequal."""
+    """A processor handle by the address it holds: two c_void_p of one GPU compare unequal, and amdsmi 6.x's event
+    reader gives the bare address (an int) where 7.x wraps it in a c_void_p."""
+    if isinstance(handle, int) and not isinstance(handle, bool):
+        return handle
     value = getattr(handle, "value", None)
     return value if value is not None else id(handle)
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuReading, GpuSample, Vendor
@@ -79,31 +79,25 @@ _REASON_BITS: tuple[tuple[str, str], ...] = (
     ("Reliability", "reliability"),
 )
 
-# Where each reason's cumulative throttle time (ns) comes from: the first field the driver fills, else the
-# violation-status policy. The combined THERMAL counter stands in for sw_thermal only where the per-reason
-# field is missing (spec/metrics.md), so the two are never counted twice.
-_COUNTER_SOURCES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
-    (
-        "sw_power_cap",
-        ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", "NVML_FI_DEV_PERF_POLICY_POWER"),
-        "NVML_PERF_POLICY_POWER",
-    ),
-    (
-        "sync_boost",
-        ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST", "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
-        "NVML_PERF_POLICY_SYNC_BOOST",
-    ),
-    (
-        "sw_thermal",
-        ("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", "NVML_FI_DEV_PERF_POLICY_THERMAL"),
-        "NVML_PERF_POLICY_THERMAL",
-    ),
-    ("hw_thermal", ("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",), None),
-    ("hw_power_brake", ("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",), None),
-    ("board_limit", ("NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT",), "NVML_PERF_POLICY_BOARD_LIMIT"),
-    ("low_utilization", ("NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION",), "NVML_PERF_POLICY_LOW_UTILIZATION"),
-    ("reliability", ("NVML_FI_DEV_PERF_POLICY_RELIABILITY",), "NVML_PERF_POLICY_RELIABILITY"),
+# Field ids from nvml.h. They are the driver's numbers, not the binding's: a binding only names them, and one
+# release renumbered some (below), so the ids are chosen by the driver's version, whatever nvidia-ml-py is installed.
+_FI_PERF_POLICY_POWER = 74  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+_FI_PERF_POLICY_THERMAL = 75
+_FI_PERF_POLICY_SYNC_BOOST = 76  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+_FI_PERF_POLICY_BOARD_LIMIT = 77
+_FI_PERF_POLICY_LOW_UTILIZATION = 78
+_FI_PERF_POLICY_RELIABILITY = 79
+_FI_MEMORY_TEMP = 82
+_FI_PCIE_L0_TO_RECOVERY_COUNTER = 169
+_FI_GET_GPU_RECOVERY_ACTION = 230
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN: absent before R575; 251-253 in
+# R575 and 580.65 (nvml.h of nvidia-ml-py 12.575.51, 13.580.65); 269-271 from 580.82 (13.580.82 on), where
+# 251-253 are power-smoothing settings again, as in R570 (12.570.86).
+_THROTTLE_TIME_FIELDS: tuple[tuple[tuple[int, ...], tuple[int, int, int] | None], ...] = (
+    ((575,), None),
+    ((580, 82), (251, 252, 253)),
 )
+_THROTTLE_TIME_FIELDS_NEWEST = (269, 270, 271)
 
 _CLOCKS = (
     ("sm", "NVML_CLOCK_SM"),
@@ -184,7 +178,7 @@ class NvmlBackend:
         self._open = False
         self._driver = ""
         self._gpus: list[_Gpu] = []
-        self._fields = _FieldIds(lib)
+        self._fields = _FieldIds("")
         self._reason_bits = tuple(
             (bit, reason)
             for suffix, reason in _REASON_BITS
@@ -267,10 +261,11 @@ class NvmlBackend:
         self._missing = frozenset()
         try:
             self._driver = _text(self._call(None, "nvmlSystemGetDriverVersion"))
+            self._fields = _FieldIds(self._driver)
             count = int(self._require("nvmlDeviceGetCount"))
             self._gpus = [gpu for index in range(count) if (gpu := self._enumerate(index)) is not None]
             self._open_events()
-        except BackendUnavailable:
+        except BaseException:  # every nvmlInit is paired with an nvmlShutdown, whatever went wrong after it
             self.close()
             raise
 
@@ -403,6 +398,7 @@ class NvmlBackend:
         if driver and driver != self._driver:
             log.info("NVIDIA driver changed from %s to %s: re-reading static readings", self._driver, driver)
             self._driver = driver
+            self._fields = _FieldIds(driver)
             self._missing = frozenset()
             for gpu in self._gpus:
                 gpu.needs_static = True
@@ -490,8 +486,8 @@ class NvmlBackend:
             field_id = next((candidate for candidate in chain if candidate in supported), None)
             if field_id is not None:
                 gpu.counter_fields[field_id] = reason
-            elif policy is not None:
-                gpu.violation_policies[policy] = reason
+            elif policy is not None and (policy_type := getattr(self._lib, policy, None)) is not None:
+                gpu.violation_policies[int(policy_type)] = reason
         memory_temp = tuple(i for i in (ids.memory_temp,) if i in supported)
         gpu.fast_fields = memory_temp + tuple(gpu.counter_fields)
         gpu.slow_fields = tuple(i for i in (ids.recovery_action, ids.l0_recovery) if i in supported)
@@ -673,28 +669,41 @@ class NvmlBackend:
 
 
 class _FieldIds:
-    """The field ids this binding knows; older bindings lack the newer constants, which then read as -1 (never
-    requested, never found)."""
+    """The field ids this driver speaks (see _THROTTLE_TIME_FIELDS): which counts each throttle reason's time,
+    first choice first, and the violation-status policy to ask where no field does."""
 
-    def __init__(self, lib: Any) -> None:
-        self.memory_temp = int(getattr(lib, "NVML_FI_DEV_MEMORY_TEMP", -1))
-        self.recovery_action = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", -1))
-        self.l0_recovery = int(getattr(lib, "NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER", -1))
-        self.counters: tuple[tuple[str, tuple[int, ...], int | None], ...] = tuple(
-            (
-                reason,
-                tuple(dict.fromkeys(int(getattr(lib, name)) for name in chain if hasattr(lib, name))),
-                getattr(lib, policy, None) if policy else None,
-            )
-            for reason, chain, policy in _COUNTER_SOURCES
+    def __init__(self, driver_version: str) -> None:
+        self.memory_temp = _FI_MEMORY_TEMP
+        self.recovery_action = _FI_GET_GPU_RECOVERY_ACTION
+        self.l0_recovery = _FI_PCIE_L0_TO_RECOVERY_COUNTER
+        sw_thermal, hw_thermal, power_brake = throttle_time_fields(driver_version) or (-1, -1, -1)
+        # The combined THERMAL counter stands in for sw_thermal only where the per-reason field is missing, so the
+        # two are never counted twice.
+        chains: tuple[tuple[str, tuple[int, ...], str | None], ...] = (
+            ("sw_power_cap", (_FI_PERF_POLICY_POWER,), "NVML_PERF_POLICY_POWER"),
+            ("sync_boost", (_FI_PERF_POLICY_SYNC_BOOST,), "NVML_PERF_POLICY_SYNC_BOOST"),
+            ("sw_thermal", (sw_thermal, _FI_PERF_POLICY_THERMAL), "NVML_PERF_POLICY_THERMAL"),
+            ("hw_thermal", (hw_thermal,), None),
+            ("hw_power_brake", (power_brake,), None),
+            ("board_limit", (_FI_PERF_POLICY_BOARD_LIMIT,), "NVML_PERF_POLICY_BOARD_LIMIT"),
+            ("low_utilization", (_FI_PERF_POLICY_LOW_UTILIZATION,), "NVML_PERF_POLICY_LOW_UTILIZATION"),
+            ("reliability", (_FI_PERF_POLICY_RELIABILITY,), "NVML_PERF_POLICY_RELIABILITY"),
         )
-        every = (
-            self.memory_temp,
-            self.recovery_action,
-            self.l0_recovery,
-            *(i for c in self.counters for i in c[1]),
-        )
-        self.candidates: tuple[int, ...] = tuple(dict.fromkeys(i for i in every if i >= 0))
+        self.counters = tuple((reason, tuple(i for i in ids if i >= 0), policy) for reason, ids, policy in chains)
+        every = (self.memory_temp, self.recovery_action, self.l0_recovery, *(i for c in self.counters for i in c[1]))
+        self.candidates: tuple[int, ...] = tuple(dict.fromkeys(every))
+
+
+def throttle_time_fields(driver_version: str) -> tuple[int, int, int] | None:
+    """The SW-thermal, HW-thermal and power-brake throttle-time field ids of this driver, None where it has none."""
+    try:
+        release = tuple(int(part) for part in driver_version.split(".")[:2])
+    except ValueError:
+        return None  # an unknown driver: ask nothing rather than misread another field
+    for below, ids in _THROTTLE_TIME_FIELDS:
+        if release < below:
+            return ids
+    return _THROTTLE_TIME_FIELDS_NEWEST
 
 
 def _constant(lib: Any, *names: str) -> Any:
@@ -718,8 +727,21 @@ def _text(value: Any) -> str:
 
 
 def _hashable(args: tuple[Any, ...]) -> tuple[Hashable, ...]:
-    """Arguments as a key for the remembered NotSupported calls (the field-id list becomes a tuple)."""
-    return tuple(arg if isinstance(arg, Hashable) else tuple(arg) if isinstance(arg, list) else id(arg) for arg in args)
+    """Arguments as a key for the remembered NotSupported calls: the field-id list becomes a tuple, a ctypes
+    pointer (an event set, a device) its address; ctypes objects claim to be Hashable and raise TypeError."""
+    return tuple(_arg_key(arg) for arg in args)
+
+
+def _arg_key(arg: Any) -> Hashable:
+    if isinstance(arg, ctypes._Pointer):
+        return ("pointer", ctypes.cast(arg, ctypes.c_void_p).value)
+    if isinstance(arg, list):
+        return tuple(arg)
+    try:
+        hash(arg)
+    except TypeError:
+        return ("object", id(arg))
+    return cast(Hashable, arg)
 
 
 def _handle_key(handle: Any) -> Hashable:

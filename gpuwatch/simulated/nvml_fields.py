@@ -8,11 +8,11 @@ valueType 0, value 0.0 and timestamp 0, i.e. "success" without data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from gpuwatch.simulated import nvml_constants as c
-from gpuwatch.simulated.nvml_structs import c_nvmlFieldValue_t
+from gpuwatch.simulated.nvml_structs import nvmlFieldValue_t
 from gpuwatch.simulated.scenarios import GpuSpec, GpuState
 
 # How the hardware thermal / power-brake reason counter fields behave:
@@ -125,30 +125,58 @@ _NVLINK_FIELDS: frozenset[int] = frozenset(
 )
 
 
-def field_values(
-    field_ids: Sequence[int | tuple[int, int]],
+# The throttle-time fields moved between drivers (nvml.h): R570 has none of them (its last id is 268, the power-
+# smoothing block starts at 251); R575 up to 580.65 put them at 251-253 and moved power smoothing to 256; from
+# 580.82 power smoothing is back at 251 and the three counters are 269-271 (nvidia-ml-py 12.570.86, 12.575.51,
+# 13.580.65 and 13.580.82 carry those headers). The table below speaks the newest numbering.
+_R575_THROTTLE_IDS: dict[int, int] = {
+    251: c.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    252: c.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    253: c.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+}
+
+
+def field_numbering(driver_version: str) -> tuple[int, dict[int, int | None]]:
+    """(NVML_FI_MAX, driver id -> id of the newest numbering, None for "no such field here") of a driver."""
+    release = _release(driver_version)
+    if release < (575,):
+        return 269, {}
+    if release < (580, 82):
+        moved: dict[int, int | None] = {**_R575_THROTTLE_IDS, **dict.fromkeys(_R575_THROTTLE_IDS.values())}
+        return 274, moved
+    return c.NVML_FI_MAX, {}
+
+
+def _release(driver_version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in driver_version.split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+def fill_field_values(
+    values: Iterable[nvmlFieldValue_t],
     spec: GpuSpec,
     state: GpuState,
     hw_counter_quirk: HwCounterQuirk,
-) -> list[c_nvmlFieldValue_t]:
-    """One c_nvmlFieldValue_t per requested id (an int, or a (fieldId, scopeId) pair as pynvml accepts)."""
+    numbering: tuple[int, dict[int, int | None]],
+) -> None:
+    """Answer each requested (fieldId, scopeId) in place, as nvmlDeviceGetFieldValues does."""
     now_us = int(state.timestamp * 1e6)
-    out: list[c_nvmlFieldValue_t] = []
-    for n, requested in enumerate(field_ids):
-        fv = c_nvmlFieldValue_t()
-        if isinstance(requested, tuple):
-            fv.fieldId, fv.scopeId = requested
-        else:
-            fv.fieldId = requested
-        _fill(fv, spec, state, hw_counter_quirk, now_us + 3 * n)
-        out.append(fv)
-    return out
+    field_max, moved = numbering
+    for n, fv in enumerate(values):
+        fid = int(fv.fieldId)
+        canonical = moved.get(fid, fid) if 0 < fid < field_max else -1
+        _fill(fv, canonical, spec, state, hw_counter_quirk, now_us + 3 * n)
 
 
-def _fill(fv: c_nvmlFieldValue_t, spec: GpuSpec, state: GpuState, quirk: HwCounterQuirk, now_us: int) -> None:
-    fid = int(fv.fieldId)
+def _fill(
+    fv: nvmlFieldValue_t, fid: int | None, spec: GpuSpec, state: GpuState, quirk: HwCounterQuirk, now_us: int
+) -> None:
     fv.nvmlReturn = c.NVML_SUCCESS
-    if fid <= 0 or fid >= c.NVML_FI_MAX:
+    if fid is None:
+        fv.nvmlReturn = c.NVML_ERROR_NOT_SUPPORTED
+    elif fid <= 0:
         fv.nvmlReturn = c.NVML_ERROR_INVALID_ARGUMENT
     elif fid in _EMPTY_FIELDS:
         _set(fv, c.NVML_VALUE_TYPE_DOUBLE, 0, timestamp=0)
@@ -169,7 +197,7 @@ def _fill(fv: c_nvmlFieldValue_t, spec: GpuSpec, state: GpuState, quirk: HwCount
         fv.nvmlReturn = c.NVML_ERROR_NOT_SUPPORTED
 
 
-def _fill_nvlink(fv: c_nvmlFieldValue_t, fid: int, spec: GpuSpec, state: GpuState, now_us: int) -> None:
+def _fill_nvlink(fv: nvmlFieldValue_t, fid: int, spec: GpuSpec, state: GpuState, now_us: int) -> None:
     if fid == c.NVML_FI_DEV_NVLINK_LINK_COUNT:
         _set(fv, _U32, spec.nvlink_links, timestamp=now_us)
     elif fid == c.NVML_FI_DEV_NVLINK_GET_STATE:
@@ -184,7 +212,7 @@ def _fill_nvlink(fv: c_nvmlFieldValue_t, fid: int, spec: GpuSpec, state: GpuStat
         fv.nvmlReturn = c.NVML_ERROR_NOT_SUPPORTED
 
 
-def _set(fv: c_nvmlFieldValue_t, value_type: int, value: int, *, timestamp: int, latency: int = 0) -> None:
+def _set(fv: nvmlFieldValue_t, value_type: int, value: int, *, timestamp: int, latency: int = 0) -> None:
     fv.valueType = value_type
     fv.timestamp = timestamp
     fv.latencyUsec = latency
