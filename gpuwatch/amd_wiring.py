@@ -1,7 +1,7 @@
 """How the agent gets its AMD backend: the real ``amdsmi`` module or the simulated one, numbered after NVIDIA.
 
-Kept apart from agent.py so the AMD specifics (the import that fails with KeyError, the index offset, the
-simulated library's shape switch) live in one place.
+Kept apart from agent.py so the AMD specifics (the import that fails with KeyError, the index offset, which
+amdsmi release the simulated node runs) live in one place.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from gpuwatch.agent import BackendSlot
     from gpuwatch.simulated.scenarios import SimulatedNode
 
-# The simulated library's key set ("7.0", "6.4", "6.1"): for trying the backend against an older ROCm's shape.
-SHAPE_ENV = "GPUWATCH_SIM_AMDSMI_SHAPE"
+# The amdsmi release ("7.0.2", "6.4.3") the simulated node runs, over its simulated libamd_smi.so: for trying the
+# backend against an older ROCm's package; one other than the installed one must be under .venv/bindings.
+VERSION_ENV = "GPUWATCH_SIM_AMDSMI_VERSION"
 
 
 def nvidia_offset(pci_nvidia: Callable[[], int], nvml_slot: BackendSlot | None) -> Callable[[], int]:
@@ -46,17 +47,26 @@ def amd_slot(offset: Callable[[], int]) -> BackendSlot:
     return BackendSlot("amdsmi", "amd", factory)
 
 
+def simulated_release() -> str | None:
+    """The amdsmi release the simulated node runs (GPUWATCH_SIM_AMDSMI_VERSION), None for the installed one."""
+    return os.environ.get(VERSION_ENV) or None
+
+
 def simulated_amd_slot(node: SimulatedNode) -> BackendSlot:
-    """The real AMD SMI backend over the simulated ``amdsmi`` module of this node."""
+    """The real AMD SMI backend over AMD's ``amdsmi`` package on this node's simulated libamd_smi.so."""
     from gpuwatch.agent import BackendSlot
-    from gpuwatch.simulated.amdsmi_lib import SHAPES, import_simulated_amdsmi
+    from gpuwatch.simulated.amdsmi_binding import binding_package
+    from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 
-    shape = os.environ.get(SHAPE_ENV, "7.0")
-    if shape not in SHAPES:
-        raise ValueError(f"{SHAPE_ENV}={shape!r}: must be one of {', '.join(SHAPES)}")
+    release = simulated_release()
+    if release is not None:  # a release asked for by name must be there at start-up
+        try:
+            binding_package(release)
+        except (FileNotFoundError, ModuleNotFoundError) as exc:
+            raise ValueError(f"{VERSION_ENV}={release!r}: {exc}") from exc
 
-    def factory() -> Backend:
-        return AmdSmiBackend(load_amdsmi(lambda: import_simulated_amdsmi(node, shape=shape)))
+    def factory() -> Backend:  # without the amdsmi package: BackendUnavailable saying how to install it
+        return AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(node, binding=release)))
 
     return BackendSlot("amdsmi", "amd", factory)
 

@@ -9,11 +9,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.agent import Agent, BackendSlot, NodeSources
+from gpuwatch.amd_wiring import simulated_release
 from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
 from gpuwatch.kmsg import KernelLogXidReader
-from gpuwatch.simulated.amdsmi_lib import import_simulated_amdsmi
+from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.host_sensors import simulated_host_sources
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -22,7 +23,8 @@ START_WALL = 1_800_000_000.0
 
 
 def amd_backend(node: SimulatedNode, clock: Callable[[], float]) -> AmdSmiBackend:
-    return AmdSmiBackend(load_amdsmi(lambda: import_simulated_amdsmi(node)), clock=clock)
+    """AMD's amdsmi package over the node's simulated libamd_smi.so, of the release the agent would pick."""
+    return AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(node, binding=simulated_release())), clock=clock)
 
 
 class FakeClock:

@@ -16,11 +16,14 @@ from reliability_agent import POLL, LiveAgent, wait_for
 from simnode import SimAgent
 
 from gpuwatch.sdnotify import SdNotifier, ServiceNotifier
-from gpuwatch.simulated.amdsmi_types import STATUS
+from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN
+from gpuwatch.simulated.scenarios import SimulatedNode
 
 NVML_CODES = [*range(1, 31), NVML_ERROR_UNKNOWN]
-AMD_CODES = [code for name, code in STATUS.items() if name != "AMDSMI_STATUS_SUCCESS"]
+# Every amdsmi_status_t of the installed amdsmi (amdsmi 7.0.2 amdsmi_wrapper.py:336-382), read off its own wrapper.
+AMD_CODES = [code for code in simulated_amdsmi(SimulatedNode("healthy", gpus=1, vendor="amd")).amdsmi_wrapper
+             .amdsmi_status_t__enumvalues if code != 0]  # fmt: skip
 POLLS = 200
 
 

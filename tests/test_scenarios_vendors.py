@@ -1,7 +1,8 @@
 """One scenario suite for both vendors: the real agent and the real NVML or AMD SMI backend over the same simulated
 node, 30 s at a 1 s poll. For every scenario meaningful on both, the alert-relevant series have the same names and
 labels and the same shape; values differ only as the hardware does (an MI300X hotspot runs hotter, against a
-higher limit). Where AMD has no equivalent (power brake, XID, row remapping) its nearest signal is checked.
+higher limit). Where AMD has no equivalent (power brake, XID, row remapping) its nearest signal is checked. AMD runs
+twice: over amdsmi 7.0.2 and 6.4.3, each AMD's own package over the simulated libamd_smi.so.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from amd_releases import RELEASES
 from simnode import SimAgent
 
+from gpuwatch.amd_wiring import VERSION_ENV
 from gpuwatch.simulated.scenarios import FAULT_GPU
 
 VENDORS = ("nvidia", "amd")
@@ -48,8 +51,10 @@ ALERT_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
 
 
 @pytest.fixture
-def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SimAgent]:
-    vendor, scenario = request.param
+def sim(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimAgent]:
+    vendor, scenario, release = request.param
+    if release:
+        monkeypatch.setenv(VERSION_ENV, release)  # the amdsmi release the simulated node runs
     agent = SimAgent(tmp_path, scenario=scenario, vendor=vendor)
     agent.run(30.0)
     yield agent
@@ -57,7 +62,12 @@ def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SimAgent]:
 
 
 def scenario(name: str) -> pytest.MarkDecorator:
-    return pytest.mark.parametrize("sim", [(v, name) for v in VENDORS], indirect=True, ids=VENDORS)
+    """NVIDIA once, AMD over every amdsmi release (skipped where a release is not extracted)."""
+    params = [pytest.param(("nvidia", name, ""), id="nvidia")]
+    for release in RELEASES:
+        (version,), marks = release.values, release.marks  # type: ignore[attr-defined]
+        params.append(pytest.param(("amd", name, version), id=f"amd-{version}", marks=marks))
+    return pytest.mark.parametrize("sim", params, indirect=True)
 
 
 def vendor_of(sim: SimAgent) -> str:
