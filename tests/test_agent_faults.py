@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatch.agent import Agent, BackendSlot, NodeSources
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import load_config
-from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from gpuwatch.simulated.bindings import simulated_pynvml
+from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 POLL = 0.2

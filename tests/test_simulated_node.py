@@ -32,9 +32,7 @@ class FakeClock:
         self.t += seconds
 
 
-def make(
-    scenario: str = "healthy", gpus: int = 8, seed: int = 0, **kw: Any
-) -> tuple[SimulatedNode, Any, FakeClock]:
+def make(scenario: str = "healthy", gpus: int = 8, seed: int = 0, **kw: Any) -> tuple[SimulatedNode, Any, FakeClock]:
     clock = FakeClock()
     node = SimulatedNode(scenario, gpus=gpus, seed=seed, clock=clock, wall_clock=lambda: WALL, **kw)
     lib = simulated_pynvml(node)
