@@ -31,6 +31,7 @@ from gpuwatch.model import GpuEvent
 from gpuwatch.pci import count_pci_gpus
 from gpuwatch.probe.runner import agent_probe_runner
 from gpuwatch.sdnotify import ServiceNotifier
+from gpuwatch.statedir import AgentLock, StateDirBusy, StateDirUnsafe, clean_stale_temp_files, require_safe_state_dir
 from gpuwatch.statefile import KnownGpus, StateDirError, check_state_dir
 from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
@@ -98,6 +99,7 @@ class Agent:
         self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
         self.store.configured_power_limit_watts = config.gpus.power_limit_watts
         self._known = KnownGpus(config.state_dir)
+        self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.statedir)
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
@@ -155,13 +157,22 @@ class Agent:
         )
 
     def _check_state_dir(self) -> None:
+        """Only ours (exit 78), writable and not another agent's (exit 69); then clear a killed agent's temp files."""
+        try:
+            require_safe_state_dir(self.config.state_dir)
+        except StateDirUnsafe as exc:
+            raise ConfigError(str(self.config.source), "agent.state_dir", str(exc)) from None
         try:
             check_state_dir(self.config.state_dir)
-        except StateDirError as exc:
+            self._state_lock.acquire()
+        except StateDirBusy as exc:
+            raise StartupError(str(exc)) from None
+        except (StateDirError, OSError) as exc:
             raise StartupError(
                 f"state dir {self.config.state_dir} is not writable ({exc}); create it for the agent's user "
                 "or pass --state-dir"
             ) from None
+        clean_stale_temp_files(self.config.state_dir)
 
     def _start_scheduler(self) -> None:
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
@@ -228,6 +239,7 @@ class Agent:
         closer.join(STOP_GRACE_SECONDS)
         if closer.is_alive():
             log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
+        self._state_lock.release()
 
     def _close_backends(self) -> None:
         for slot in self._sources.slots:

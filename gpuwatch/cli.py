@@ -9,7 +9,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from gpuwatch.config import (
     BACKENDS,
     DEFAULT_CONFIG_PATH,
+    DEFAULT_PORT,
     LOG_LEVELS,
     VENDORS,
     Config,
@@ -219,10 +219,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = _overrides(args)
         overrides.setdefault("agent", {})["backend"] = "simulated"
         overrides.setdefault("probe", {}).setdefault("interval_seconds", 10.0)  # probe scenarios show within a minute
+        overrides["agent"].setdefault("listen", f"127.0.0.1:{DEFAULT_PORT}")  # a demo is for this machine only
         if "state_dir" not in overrides["agent"]:
-            overrides["agent"]["state_dir"] = str(
-                Path(tempfile.gettempdir()) / f"gpuwatch-demo-{os.getuid()}-{config_vendor(args)}"
-            )  # per vendor: the known GPUs of one simulated node are not another's lost ones
+            from gpuwatch.statedir import StateDirUnsafe, demo_state_dir, make_private_dir
+
+            try:  # per vendor: the known GPUs of one simulated node are not another's lost ones
+                demo_dir = demo_state_dir(config_vendor(args))
+                make_private_dir(demo_dir)  # 0700 in the user's own cache, never a guessable name in /tmp
+            except (StateDirUnsafe, OSError) as exc:
+                print(f"gpuwatch demo: cannot make its state dir: {exc}; pass --state-dir", file=sys.stderr)
+                return EXIT_UNAVAILABLE
+            overrides["agent"]["state_dir"] = str(demo_dir)
         path = _config_path(args) if args.config else None
         config = load_config(path, overrides)
         return _run_agent(config, path, overrides, announce=True)

@@ -18,7 +18,7 @@ from gpuwatch.config import Config, ConfigError, parse_listen
 from gpuwatch.host.report import check_host, host_json, print_host_table, read_host
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading
-from gpuwatch.statefile import StateDirError, check_state_dir
+from gpuwatch.statedir import state_dir_problem, writable_problem
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 69
@@ -197,7 +197,7 @@ def _uncapped_baselines(config: Config) -> list[str]:
     from gpuwatch.probe.baseline import Baselines
 
     try:
-        baselines = Baselines(config.state_dir).load()
+        baselines = Baselines(config.state_dir).peek()  # no lock file made, nothing moved: check writes nothing
     except Exception:  # a state dir this user cannot read: the state dir line already says so
         return []
     return [
@@ -229,12 +229,12 @@ def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
 
 
 def _check_state_dir(config: Config) -> tuple[bool, str, str]:
+    """Whether the agent could use its state dir, found without writing anything there (checking changes nothing)."""
     path = config.state_dir
-    try:
-        check_state_dir(path)
-    except StateDirError as exc:
-        return False, f"state dir {path}", f"not writable: {exc}"
-    return True, f"state dir {path}", "writable"
+    problem = state_dir_problem(path) or writable_problem(path)
+    if problem is not None:
+        return False, f"state dir {path}", problem
+    return True, f"state dir {path}", "writable" if path.exists() else "does not exist yet; the agent makes it"
 
 
 def _check_port(config: Config) -> tuple[bool, str, str]:

@@ -25,12 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatch.model import GpuIdentity
+from gpuwatch.safefile import UnsafeFileError, read_regular_file
+from gpuwatch.statedir import STATE_DIR_MODE, ensure_state_dir
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 KNOWN_GPUS_FILE = "known_gpus.json"
 KNOWN_GPUS_KIND = "known_gpus"
+MAX_STATE_FILE_BYTES = 8 * 2**20  # known GPUs and baselines of a 1,024-GPU node are well under 1 MiB
 
 
 class StateDirError(Exception):
@@ -56,7 +59,9 @@ def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
     payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
     tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(path.parent)  # deleted under a running agent: made again, said once
+        # mkstemp opens with O_CREAT | O_EXCL | O_NOFOLLOW: a planted link or file of that name is never written
+        # through; os.replace then renames over whatever `path` is (a link is replaced, never followed).
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
@@ -87,21 +92,31 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def check_state_dir(state_dir: Path) -> None:
-    """Raise StateDirError unless a file can be written in ``state_dir`` (``gpuwatch check``, exit 69)."""
+    """Raise StateDirError unless a file can be written in ``state_dir`` (the agent's start-up, exit 69)."""
+    try:
+        state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateDirError(state_dir / ".gpuwatch-write-test", exc) from exc
     atomic_write_json(state_dir / ".gpuwatch-write-test", {"kind": "write_test", "version": STATE_VERSION})
     with contextlib.suppress(OSError):
         (state_dir / ".gpuwatch-write-test").unlink()
 
 
-def read_json(path: Path, *, expect_kind: str) -> dict[str, Any] | None:
+def read_json(path: Path, *, expect_kind: str, move_aside: bool = True) -> dict[str, Any] | None:
     """The file's content when it is ours (right kind and version); None when missing, unreadable or not ours.
 
     Never raises: a corrupt or foreign file is renamed to ``<name>.corrupt-<unixtime>`` and logged, so the
-    agent starts fresh while the evidence stays for a human.
+    agent starts fresh while the evidence stays for a human (``move_aside=False``: only logged, for readers that
+    must change nothing, as `gpuwatch check`). A link, FIFO or device in its place is never followed or read, and
+    a file over MAX_STATE_FILE_BYTES is not read either.
     """
+    aside = _move_aside if move_aside else _say_unusable
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, max_bytes=MAX_STATE_FILE_BYTES)
     except FileNotFoundError:
+        return None
+    except UnsafeFileError as exc:
+        aside(path, str(exc))
         return None
     except OSError as exc:
         log.warning("cannot read state file %s: %s; starting without it (check its permissions)", path, exc)
@@ -109,11 +124,11 @@ def read_json(path: Path, *, expect_kind: str) -> dict[str, Any] | None:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        _move_aside(path, f"it is not valid JSON ({exc})")
+        aside(path, f"it is not valid JSON ({str(exc)[:200]})")
         return None
     problem = _envelope_problem(data, expect_kind)
     if problem is not None:
-        _move_aside(path, problem)
+        aside(path, problem)
         return None
     assert isinstance(data, dict)
     return data
@@ -131,6 +146,10 @@ def _envelope_problem(data: object, expect_kind: str) -> str | None:
         hint = " (written by a newer gpuwatch?)" if newer else ""
         return f"its version is {version!r}, expected {STATE_VERSION}{hint}"
     return None
+
+
+def _say_unusable(path: Path, problem: str) -> None:
+    log.warning("state file %s is unusable: %s; ignoring it (left as it is)", path, problem)
 
 
 def _move_aside(path: Path, problem: str) -> None:

@@ -219,10 +219,10 @@ def test_unreadable_file_is_not_moved_aside(
     path = tmp_path / "known_gpus.json"
     atomic_write_json(path, doc("known_gpus", gpus={}))
 
-    def eacces(self: Path) -> bytes:
+    def eacces(self: Path, **_kw: object) -> bytes:
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_bytes", eacces)
+    monkeypatch.setattr(statefile, "read_regular_file", eacces)
     with caplog.at_level(logging.WARNING):
         assert read_json(path, expect_kind="known_gpus") is None
     assert path.exists() and asides(path) == []

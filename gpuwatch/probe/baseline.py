@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuwatch.safefile import open_regular
+from gpuwatch.statedir import open_in_state_dir
 from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,12 @@ class Baselines:
         """Every GPU's baseline; a missing or unusable file gives {} (an unusable one is moved aside and logged)."""
         with self._locked(shared=True):
             return self._read()
+
+    def peek(self) -> dict[str, Baseline]:
+        """The baselines as `load` gives them, writing nothing (no lock file made, nothing moved): `gpuwatch check`.
+
+        Without the lock: every write is an atomic rename, so a reader sees the old file or the new one."""
+        return self._read(move_aside=False)
 
     def observe(
         self,
@@ -172,10 +180,10 @@ class Baselines:
     @contextmanager
     def _locked(self, *, shared: bool) -> Iterator[None]:
         try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_in_state_dir(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # no link followed, no FIFO
         except OSError:
             try:  # another user's agent owns the state dir: a read-only descriptor still takes a flock
-                fd = os.open(self._lock_path, os.O_RDONLY)
+                fd = open_regular(self._lock_path, os.O_RDONLY)
             except OSError as exc:
                 log.warning("cannot lock %s (%s); reading baselines without the lock", self._lock_path, exc)
                 yield
@@ -186,8 +194,8 @@ class Baselines:
         finally:
             os.close(fd)
 
-    def _read(self) -> dict[str, Baseline]:
-        data = read_json(self.path, expect_kind=BASELINES_KIND)
+    def _read(self, *, move_aside: bool = True) -> dict[str, Baseline]:
+        data = read_json(self.path, expect_kind=BASELINES_KIND, move_aside=move_aside)
         if data is None:
             return {}
         gpus = data.get("gpus")

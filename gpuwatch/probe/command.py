@@ -21,18 +21,25 @@ from gpuwatch.probe.baseline import Mode
 from gpuwatch.probe.locks import LockUnavailable
 from gpuwatch.probe.results import ProbeOutcome
 from gpuwatch.probe.runner import ProbeRunner
+from gpuwatch.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
 from gpuwatch.store import SampleStore
 
 EXIT_OK = 0
 EXIT_NOT_OK = 1
 EXIT_UNAVAILABLE = 69
+EXIT_CONFIG = 78
 POLL_SECONDS = 0.25
 
 
 def probe(config: Config, *, gpus: list[int], as_json: bool, update_baseline: bool, reset_baseline: bool) -> int:
     mode: Mode = "reset" if reset_baseline else "update" if update_baseline else "none"
+    try:  # another user's state dir, or one others may write in: its links would steer this (root) process
+        require_safe_state_dir(config.state_dir)
+    except StateDirUnsafe as exc:
+        print(f"gpuwatch probe: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     with contextlib.suppress(OSError):  # a missing state dir is made; one we may not write is reported at the lock
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        config.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
     sources = build_sources(config)
     store = SampleStore(poll_interval_seconds=POLL_SECONDS)
     backends: list[Backend] = []

@@ -1,6 +1,7 @@
 """One lock file per GPU in the state dir (``probe-<uuid>.lock``, flock): a probe from `gpuwatch probe` and one
 from the agent never run on the same GPU at once. Locks are taken in UUID order, so two multi-GPU probes cannot
-deadlock; the kernel drops a lock when its holder dies, so a killed probe never leaves a GPU locked."""
+deadlock; the kernel drops a lock when its holder dies, so a killed probe never leaves a GPU locked. A link or FIFO
+planted in a lock file's place is refused, never followed (gpuwatch.safefile)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import fcntl
 import os
 import re
 from pathlib import Path
+
+from gpuwatch.safefile import UnsafeFileError, open_regular
+from gpuwatch.statedir import open_in_state_dir
 
 
 class LockUnavailable(Exception):
@@ -23,13 +27,15 @@ def try_lock(state_dir: Path, uuid: str, *, wait: bool) -> int | None:
     """The held lock's descriptor; None when another probe holds it and `wait` is False."""
     path = lock_path(state_dir, uuid)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_in_state_dir(path, os.O_RDWR | os.O_CREAT, 0o644)  # no link followed, no FIFO waited on
+    except UnsafeFileError as exc:
+        raise LockUnavailable(f"refusing the probe lock: {exc}; remove it (the agent makes it again)") from None
     except OSError:
         try:  # the agent's user owns the file: a read-only descriptor takes a flock just the same
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path, os.O_RDONLY)
         except OSError as exc:
             raise LockUnavailable(
-                f"cannot open the probe lock {path}: {exc.strerror}; run as the agent's user or root, or pass "
+                f"cannot open the probe lock {path}: {exc.strerror or exc}; run as the agent's user, or pass "
                 "--state-dir with the agent's state dir"
             ) from None
     try:
