@@ -15,6 +15,7 @@ from amd_releases import over_releases
 from simnode import SimAgent
 
 from gpuwatch.agent import Agent, build_sources
+from gpuwatch.amd_wiring import VERSION_ENV, simulated_amd_slot
 from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import load_config
@@ -221,6 +222,22 @@ def test_amd_gpus_are_numbered_after_nvidia_when_both_are_on_the_node(release: s
     backend.open()
     try:
         assert [g.index for g in backend.gpus()] == [4, 5]
+    finally:
+        backend.close()
+
+
+def test_the_simulated_agent_runs_the_release_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUWATCH_SIM_AMDSMI_VERSION picks the amdsmi release of `--backend simulated`; one that is not there fails
+    at start-up, naming where it should be."""
+    node = SimulatedNode("healthy", gpus=1, vendor="amd")
+    monkeypatch.setenv(VERSION_ENV, "6.1.2")
+    with pytest.raises(ValueError, match=r"GPUWATCH_SIM_AMDSMI_VERSION='6.1.2'.*amdsmi-6.1.2"):
+        simulated_amd_slot(node)
+    monkeypatch.setenv(VERSION_ENV, "7.0.2")
+    backend = simulated_amd_slot(node).factory()
+    backend.open()
+    try:
+        assert backend.versions()["amdsmi"] == "7.0.2"
     finally:
         backend.close()
 

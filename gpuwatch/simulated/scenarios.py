@@ -1,6 +1,6 @@
 """Named scenarios and the simulated node they run on: a vendor-neutral model of a GPU server over time.
 
-`SimulatedNode` is what the simulated vendor libraries (`libnvml.py`, `amdsmi_lib.py`) read from: per-GPU identity,
+`SimulatedNode` is what the simulated vendor libraries (`libnvml.py`, `amdsmi_clib.py`) read from: per-GPU identity,
 the readings at the current moment, counters that the node integrates as time passes (energy, throttle time),
 events (XID, resets) and the PCI bus. Time comes from injectable clocks, so tests drive it with a fake clock and
 get the same numbers every run. Fault injection for tests lives on ``node.faults`` (see faults.py).
