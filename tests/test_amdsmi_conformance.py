@@ -74,7 +74,7 @@ def test_every_prototype_is_bound_by_some_release() -> None:
 
 @over_releases
 def test_status_codes_and_enum_values_are_amdsmi_h(release: str) -> None:
-    """The library's own statuses and the enum values it reads or writes, against amdsmi_wrapper.py:336-382 and
+    """The library's own statuses and the enum values it reads or writes, against amdsmi_wrapper.py:337-382 and
     the enum blocks (e.g. AMDSMI_TEMPERATURE_TYPE_HOTSPOT at :548)."""
     wrapper = _amdsmi(release).amdsmi_wrapper
     for status in Status:

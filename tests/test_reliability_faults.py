@@ -21,7 +21,7 @@ from gpuwatch.simulated.nvml_constants import NVML_ERROR_GPU_IS_LOST, NVML_ERROR
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 NVML_CODES = [*range(1, 31), NVML_ERROR_UNKNOWN]
-# Every amdsmi_status_t of the installed amdsmi (amdsmi 7.0.2 amdsmi_wrapper.py:336-382), read off its own wrapper.
+# Every amdsmi_status_t of the installed amdsmi, read off its own wrapper (amdsmi 7.0.2 amdsmi_wrapper.py:289).
 AMD_CODES = [code for code in simulated_amdsmi(SimulatedNode("healthy", gpus=1, vendor="amd")).amdsmi_wrapper
              .amdsmi_status_t__enumvalues if code != 0]  # fmt: skip
 POLLS = 200
