@@ -294,6 +294,7 @@ class Agent:
         if slow:
             slot.last_slow_poll = now
         self.store.record_poll(readings)
+        self.store.set_unusable(slot.name, backend.unusable())
         for uuid in backend.reset_uuids():  # AMD: reset counters exist from start-up at 0
             self.store.ensure_resets_counter(uuid)
         return True
@@ -320,6 +321,7 @@ class Agent:
     def _backend_failed(self, slot: BackendSlot, now: float, message: str) -> None:
         """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
         self.store.set_backend(slot.name, False, message)
+        self.store.set_unusable(slot.name, ())
         if not slot.down_reported and not self._stop.is_set():  # closing the library under a hung call is ours
             log.error(
                 "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS

@@ -82,7 +82,10 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
     for backend, (up, _message) in sorted(snap.backends.items()):
         out.add("gpuwatch_backend_up", (backend,), up)
     detected = sum(1 for uuid in snap.identities if snap.fresh(uuid) is not None)
-    out.add("gpuwatch_gpus_detected", (), detected)
+    out.add("gpuwatch_gpus_detected", (), detected + len(snap.unusable))  # present, if unusable
+    for gpu in snap.unusable:
+        if gpu.reason == "insufficient_power":
+            out.add("gpuwatch_gpu_insufficient_power", (str(gpu.index), gpu.pci_bus_id), 1)
     for vendor, expected in sorted(snap.gpus_expected.items()):
         out.add("gpuwatch_gpus_expected", (vendor,), expected)
     for name, status in sorted(snap.collectors.items()):

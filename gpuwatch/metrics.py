@@ -40,6 +40,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
     _m("gpuwatch_gpus_detected", "gauge", (), "GPUs the vendor libraries see now."),
     _m(
+        "gpuwatch_gpu_insufficient_power",
+        "gauge",
+        ("gpu", "pci_bus_id"),
+        "1 for a GPU the library counts but cannot open: its external power cables are not properly attached.",
+    ),
+    _m(
         "gpuwatch_gpus_expected", "gauge", ("vendor",), "GPUs expected: from config, else that vendor's on the PCI bus."
     ),
     _m("gpuwatch_collector_success", "gauge", ("collector",), "1 when the collector's last run succeeded."),

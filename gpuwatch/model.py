@@ -97,6 +97,15 @@ class GpuReading:
 
 
 @dataclass(frozen=True, slots=True)
+class UnusableGpu:
+    """A GPU the vendor library counts but cannot open, so it has no identity beyond its index."""
+
+    index: int  # the gpu label: the library's index plus the backend's offset
+    reason: str  # why: insufficient_power (NVML: external power cables not properly attached)
+    pci_bus_id: str = ""  # where it can be read
+
+
+@dataclass(frozen=True, slots=True)
 class GpuEvent:
     """Something that happened to a GPU at a moment: an XID error (NVIDIA) or a reset (AMD)."""
 

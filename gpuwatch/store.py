@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample, UnusableGpu
 from gpuwatch.probe.results import ProbeBook, ProbeView
 from gpuwatch.xid import fold_xid
 
@@ -54,6 +54,7 @@ class StoreSnapshot:
     collectors: dict[str, CollectorStatus]
     gpus_expected: dict[str, int]
     configured_power_limit_watts: float | None
+    unusable: tuple[UnusableGpu, ...] = ()  # GPUs a library counts but cannot open
     host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
 
@@ -82,6 +83,7 @@ class SampleStore:
         self._backends: dict[str, tuple[bool, str]] = {}
         self._collectors: dict[str, CollectorStatus] = {}
         self._expected: dict[str, int] = {}
+        self._unusable: dict[str, tuple[UnusableGpu, ...]] = {}  # backend -> GPUs it counts but cannot open
         self.configured_power_limit_watts: float | None = None
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
@@ -118,6 +120,10 @@ class SampleStore:
     def set_backend(self, name: str, up: bool, message: str = "") -> None:
         with self._lock:
             self._backends[name] = (up, message)
+
+    def set_unusable(self, backend: str, gpus: Iterable[UnusableGpu]) -> None:
+        with self._lock:
+            self._unusable[backend] = tuple(gpus)
 
     def set_expected(self, vendor: str, count: int) -> None:
         with self._lock:
@@ -225,6 +231,7 @@ class SampleStore:
                 },
                 gpus_expected=dict(self._expected),
                 configured_power_limit_watts=self.configured_power_limit_watts,
+                unusable=tuple(gpu for gpus in self._unusable.values() for gpu in gpus),
                 host=tuple(
                     sample
                     for _name, (sample, interval) in sorted(self._host.items())

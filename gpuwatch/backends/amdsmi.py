@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, Vendor
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +254,10 @@ class AmdSmiBackend:
 
     def gpus(self) -> list[GpuIdentity]:
         return [gpu.identity for gpu in self._gpus]
+
+    def unusable(self) -> list[UnusableGpu]:
+        """AMD SMI opens every GPU it counts: none."""
+        return []
 
     def reset_uuids(self) -> list[str]:
         """GPUs whose resets this backend reports (partition 0 of each socket): their counters exist from 0."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, Vendor
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, UnusableGpu, Vendor
 
 
 class BackendUnavailable(Exception):
@@ -41,6 +41,10 @@ class Backend(Protocol):
 
     def gpus(self) -> list[GpuIdentity]:
         """The GPUs found at open, in index order."""
+        ...
+
+    def unusable(self) -> list[UnusableGpu]:
+        """GPUs the library counts but could not open at open (NVML: power cables not attached)."""
         ...
 
     def reset_uuids(self) -> list[str]:

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, cast
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuReading, GpuSample, Vendor
+from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuReading, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
 
-# NVML return codes (nvml.h): the same numbers in every pynvml version and in stand-ins.
+# NVML return codes (nvml.h): the same numbers in every pynvml version.
+_INSUFFICIENT_POWER = 8
 _FUNCTION_NOT_FOUND = 13
 _UNKNOWN_ERROR = 999
 
@@ -50,6 +51,7 @@ _OPEN_HINTS: dict[int, str] = {
 }
 # Failures of one GPU: it stopped answering, so it gets a reading without a sample.
 _GPU_FAILURES: dict[int, str] = {
+    _INSUFFICIENT_POWER: "the GPU's external power cables are not properly attached",
     10: "the GPU did not answer in time",
     11: "the GPU has an interrupt problem",
     15: "the GPU is lost (fallen off the bus: look for XID 79 in the kernel log; reset the GPU or reboot)",
@@ -178,6 +180,7 @@ class NvmlBackend:
         self._open = False
         self._driver = ""
         self._gpus: list[_Gpu] = []
+        self._unusable: list[UnusableGpu] = []
         self._fields = _FieldIds("")
         self._reason_bits = tuple(
             (bit, reason)
@@ -280,6 +283,7 @@ class NvmlBackend:
             self._quietly("nvmlShutdown")
         self._open = False
         self._gpus = []
+        self._unusable = []
 
     def gpus(self) -> list[GpuIdentity]:
         """The GPUs found at open, in NVML index order."""
@@ -303,6 +307,10 @@ class NvmlBackend:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return []
         return events
+
+    def unusable(self) -> list[UnusableGpu]:
+        """GPUs whose handle NVML refused with InsufficientPower at open."""
+        return list(self._unusable)
 
     def reset_uuids(self) -> list[str]:
         """NVML reports no reset events: no reset counters."""
@@ -328,9 +336,19 @@ class NvmlBackend:
 
     def _enumerate(self, index: int) -> _Gpu | None:
         """Track GPU ``index``; one without a handle or UUID is skipped (the state dir knows it as lost)."""
-        handle = self._call(None, "nvmlDeviceGetHandleByIndex", index)
-        if handle is None:
-            log.warning("NVML GPU %d: no handle (not visible to this process?); skipped", index)
+        try:
+            handle = self._invoke(None, "nvmlDeviceGetHandleByIndex", (index,), {})
+        except _Unavailable as exc:
+            if exc.code == _INSUFFICIENT_POWER:  # nvml.h: external power cables not properly attached
+                log.error(
+                    "NVML GPU %d: its external power cables are not properly attached (%s): the GPU is "
+                    "unusable until they are reseated; check the PSU and cabling",
+                    index,
+                    exc,
+                )
+                self._unusable.append(UnusableGpu(index + self._index_offset, "insufficient_power"))
+            else:
+                log.warning("NVML GPU %d: no handle (%s; not visible to this process?); skipped", index, exc)
             return None
         gpu = _Gpu(index, handle, GpuIdentity(uuid="", vendor="nvidia", index=index + self._index_offset))
         try:

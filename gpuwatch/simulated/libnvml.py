@@ -243,7 +243,9 @@ class _Driver:
         return ctypes.addressof(self._device_memory[index])
 
     # --- the gate every call passes ---------------------------------------------------------------------------
-    def _enter(self, names: tuple[str, ...], device: int | None = None, *, needs_device: bool = False) -> int:
+    def _enter(
+        self, names: tuple[str, ...], device: int | None = None, *, needs_device: bool = False, about: int | None = None
+    ) -> int:
         """Uninitialized / InvalidArgument / injected faults / GpuIsLost, in that order; returns the GPU index.
 
         Faults match the C symbol called, or a name of pynvml's that reaches it (``nvmlInit`` for
@@ -260,7 +262,7 @@ class _Driver:
             if found is None:
                 raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
             index = found
-        code = self.node.faults.before_call(names, index if needs_device else None)
+        code = self.node.faults.before_call(names, index if needs_device else about)
         if code is not None:
             raise NvmlFailure(code)
         if needs_device and self.node.is_lost(index):
@@ -327,7 +329,9 @@ class _Driver:
 
     @_export(c_uint, _P)
     def nvmlDeviceGetHandleByIndex_v2(self, index: int, out: int) -> None:
-        self._enter(("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2"))
+        # A fault for GPU `index` applies here: nvml.h lets this call answer NVML_ERROR_INSUFFICIENT_POWER
+        # ("improperly attached external power cables") for that GPU.
+        self._enter(("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2"), about=index)
         if not 0 <= index < self.node.gpu_count or not out:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
         self._write_handle(index, out)
