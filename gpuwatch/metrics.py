@@ -110,6 +110,19 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_row_remap_failed", "gauge", GPU, "1 when a row remap failed."),
     _m("gpuwatch_gpu_retired_pages", "gauge", GPU, "Retired or bad memory pages."),
     _m(
+        "gpuwatch_gpu_row_remap_banks",
+        "gauge",
+        (*GPU, "availability"),
+        "Memory banks by spare rows left for remapping: max, high, partial, low, none.",
+    ),
+    _m("gpuwatch_gpu_inforom_valid", "gauge", GPU, "1 when the InfoROM's checksums hold; 0 when it is corrupted."),
+    _m(
+        "gpuwatch_gpu_fabric_healthy",
+        "gauge",
+        GPU,
+        "NVSwitch systems: 1 when the GPU completed fabric registration, 0 while it has not or failed.",
+    ),
+    _m(
         "gpuwatch_gpu_recovery_action",
         "gauge",
         GPU,
@@ -128,6 +141,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_pcie_link_width", "gauge", (*GPU, "link"), "PCIe lanes: current, max."),
     _m("gpuwatch_gpu_pcie_replays_total", "counter", GPU, "PCIe replays."),
     _m("gpuwatch_gpu_pcie_link_recoveries_total", "counter", GPU, "PCIe link retraining events."),
+    _m(
+        "gpuwatch_gpu_pcie_errors_total",
+        "counter",
+        (*GPU, "type"),
+        "PCIe errors the GPU counted: fatal, non_fatal, correctable (AER classes).",
+    ),
     _m("gpuwatch_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 when the NVLink/XGMI link is up."),
     _m("gpuwatch_gpu_nvlink_errors_total", "counter", (*GPU, "link", "type"), "NVLink/XGMI link errors."),
     # Matmul probe

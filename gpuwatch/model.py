@@ -78,11 +78,15 @@ class GpuSample:
     row_remap_pending: bool | None = None
     row_remap_failed: bool | None = None
     retired_pages: int | None = None
+    row_remap_banks: dict[str, int] = field(default_factory=dict)  # spare-row availability -> memory banks
     recovery_action: int | None = None
+    inforom_valid: bool | None = None  # the InfoROM's checksums hold (NVIDIA)
+    fabric_healthy: bool | None = None  # NVSwitch systems: the GPU completed fabric registration
     pcie_link_generation: dict[str, int] = field(default_factory=dict)  # current, max
     pcie_link_width: dict[str, int] = field(default_factory=dict)
     pcie_replays_total: int | None = None
     pcie_link_recoveries_total: int | None = None
+    pcie_errors_total: dict[str, int] = field(default_factory=dict)  # fatal, non_fatal, correctable
     nvlink_up: dict[str, bool] = field(default_factory=dict)  # link -> up
     nvlink_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (link, type)
 

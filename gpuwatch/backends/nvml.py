@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h): the same numbers in every pynvml version.
 _INSUFFICIENT_POWER = 8
+_CORRUPTED_INFOROM = 14
 _FUNCTION_NOT_FOUND = 13
 _UNKNOWN_ERROR = 999
 
@@ -91,6 +92,8 @@ _FI_PERF_POLICY_LOW_UTILIZATION = 78
 _FI_PERF_POLICY_RELIABILITY = 79
 _FI_MEMORY_TEMP = 82
 _FI_PCIE_L0_TO_RECOVERY_COUNTER = 169
+# NVML_FI_DEV_PCIE_COUNT_*: errors the GPU's PCIe port counted, by AER class.
+_FI_PCIE_ERRORS = {173: "correctable", 179: "non_fatal", 180: "fatal"}
 _FI_GET_GPU_RECOVERY_ACTION = 230
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN: absent before R575; 251-253 in
 # R575 and 580.65 (nvml.h of nvidia-ml-py 12.575.51, 13.580.65); 269-271 from 580.82 (13.580.82 on), where
@@ -100,6 +103,12 @@ _THROTTLE_TIME_FIELDS: tuple[tuple[tuple[int, ...], tuple[int, int, int] | None]
     ((580, 82), (251, 252, 253)),
 )
 _THROTTLE_TIME_FIELDS_NEWEST = (269, 270, 271)
+
+# nvmlRowRemapperHistogramValues_t: banks by how many spare rows they have left.
+_REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
+# nvmlGpuFabricState_t
+_FABRIC_STATE_NOT_SUPPORTED = 0
+_FABRIC_STATE_COMPLETED = 3
 
 _CLOCKS = (
     ("sm", "NVML_CLOCK_SM"),
@@ -480,8 +489,18 @@ class NvmlBackend:
             link for link in range(max_links) if self._call(gpu, "nvmlDeviceGetNvLinkState", link) is not None
         )
         self._plan_fields(gpu)
+        static.inforom_valid = self._inforom_valid(gpu)
         gpu.static = static
         gpu.needs_static, gpu.needs_slow = False, True
+
+    def _inforom_valid(self, gpu: _Gpu) -> bool | None:
+        """nvmlDeviceValidateInforom: success, or CorruptedInforom when a checksum fails (static tier: it checks
+        the whole image)."""
+        try:
+            self._invoke(gpu, "nvmlDeviceValidateInforom", (), {})
+        except _Unavailable as exc:
+            return False if exc.code == _CORRUPTED_INFOROM else None
+        return True
 
     def _read_identity(self, gpu: _Gpu) -> GpuIdentity:
         pci = self._call(gpu, "nvmlDeviceGetPciInfo")
@@ -508,7 +527,8 @@ class NvmlBackend:
                 gpu.violation_policies[int(policy_type)] = reason
         memory_temp = tuple(i for i in (ids.memory_temp,) if i in supported)
         gpu.fast_fields = memory_temp + tuple(gpu.counter_fields)
-        gpu.slow_fields = tuple(i for i in (ids.recovery_action, ids.l0_recovery) if i in supported)
+        slow = (ids.recovery_action, ids.l0_recovery, *_FI_PCIE_ERRORS)
+        gpu.slow_fields = tuple(i for i in slow if i in supported)
 
     # ----- slow tier -----
 
@@ -517,6 +537,7 @@ class NvmlBackend:
         self._read_memory_health(gpu, sample, fields)
         self._read_pcie(gpu, sample, fields)
         self._read_nvlinks(gpu, sample)
+        self._read_fabric(gpu, sample)
         self._read_modes(gpu, sample)
 
     def _read_power_limits(self, gpu: _Gpu, sample: GpuSample) -> None:
@@ -546,6 +567,8 @@ class NvmlBackend:
             sample.remapped_rows_total.update(correctable=int(correctable), uncorrectable=int(uncorrectable))
             sample.row_remap_pending, sample.row_remap_failed = bool(pending), bool(failed)
         sample.retired_pages = self._retired_pages(gpu)
+        if (banks := self._call(gpu, "nvmlDeviceGetRowRemapperHistogram")) is not None:
+            sample.row_remap_banks = {name: int(getattr(banks, name)) for name in _REMAP_AVAILABILITY}
         if (action := fields.get(self._fields.recovery_action)) is not None:
             sample.recovery_action = int(action)
 
@@ -576,6 +599,22 @@ class NvmlBackend:
             sample.pcie_replays_total = int(replays)
         if (recoveries := fields.get(self._fields.l0_recovery)) is not None:
             sample.pcie_link_recoveries_total = int(recoveries)
+        for field_id, kind in _FI_PCIE_ERRORS.items():
+            if (count := fields.get(field_id)) is not None:
+                sample.pcie_errors_total[kind] = int(count)
+
+    def _read_fabric(self, gpu: _Gpu, sample: GpuSample) -> None:
+        """NVSwitch systems: has the fabric manager registered this GPU? Absent where there is no fabric."""
+        struct = getattr(self._lib, "c_nvmlGpuFabricInfoV_t", None)
+        if struct is None:
+            return
+        info = struct()  # the binding's constructor sets its version
+        if self._call(gpu, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info)) is None:
+            return
+        state = int(info.state)
+        if state == _FABRIC_STATE_NOT_SUPPORTED:
+            return
+        sample.fabric_healthy = state == _FABRIC_STATE_COMPLETED and int(info.status) == 0
 
     def _read_nvlinks(self, gpu: _Gpu, sample: GpuSample) -> None:
         """State and error counters of the links found in the static tier (absent links were never kept)."""
@@ -708,7 +747,8 @@ class _FieldIds:
             ("reliability", (_FI_PERF_POLICY_RELIABILITY,), "NVML_PERF_POLICY_RELIABILITY"),
         )
         self.counters = tuple((reason, tuple(i for i in ids if i >= 0), policy) for reason, ids, policy in chains)
-        every = (self.memory_temp, self.recovery_action, self.l0_recovery, *(i for c in self.counters for i in c[1]))
+        counters = (i for c in self.counters for i in c[1])
+        every = (self.memory_temp, self.recovery_action, self.l0_recovery, *_FI_PCIE_ERRORS, *counters)
         self.candidates: tuple[int, ...] = tuple(dict.fromkeys(every))
 
 
@@ -753,6 +793,8 @@ def _hashable(args: tuple[Any, ...]) -> tuple[Hashable, ...]:
 def _arg_key(arg: Any) -> Hashable:
     if isinstance(arg, ctypes._Pointer):
         return ("pointer", ctypes.cast(arg, ctypes.c_void_p).value)
+    if type(arg).__name__ == "CArgObject":  # byref(struct): a fresh struct each call, the same question
+        return ("byref", type(arg._obj).__name__)
     if isinstance(arg, list):
         return tuple(arg)
     try:

@@ -29,11 +29,13 @@ from gpuwatch.simulated.nvml_fields import HwCounterQuirk, field_numbering, fill
 from gpuwatch.simulated.nvml_structs import (
     nvmlEventData_t,
     nvmlFieldValue_t,
+    nvmlGpuFabricInfo_v2_t,
     nvmlMarginTemperature_t,
     nvmlMemory_t,
     nvmlMemory_v2_t,
     nvmlPciInfo_t,
     nvmlProcessInfo_t,
+    nvmlRowRemapperHistogramValues_t,
     nvmlTemperature_t,
     nvmlUtilization_t,
     nvmlViolationTime_t,
@@ -73,6 +75,10 @@ _POLICIES = {
 }
 _PCIE_SPEED_MBPS = {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}
 _PCI_DEVICE_ID = 0x233010DE  # H100 SXM5 80GB
+_REMAP_BANKS = 2560  # an H100 80GB's memory banks (nvidia-smi -q: "Bank Remap Availability Histogram, Max")
+_FABRIC_INFO_V2 = 0x02000024
+_FABRIC_STATE_NOT_SUPPORTED = 0
+_FABRIC_STATE_COMPLETED = 3
 _PCI_SUBSYSTEM_ID = 0x16C110DE
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId without MIG
 _SUPPORTED_EVENTS = c.nvmlEventTypeAll  # the H100 fixture: 65439
@@ -635,6 +641,35 @@ class _Driver:
     def nvmlDeviceGetRetiredPages_v2(self, device: int, cause: int, count: int, out: int) -> None:
         self._spec("nvmlDeviceGetRetiredPages_v2", device)
         raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+
+    @_export(_P, _P)
+    def nvmlDeviceGetRowRemapperHistogram(self, device: int, out: int) -> None:
+        """Banks by spare rows left: each remapped row takes one bank from max to high; a failed remap means a
+        bank with none left."""
+        k = self._gpu("nvmlDeviceGetRowRemapperHistogram", device)[1].counters
+        histogram = _struct(out, nvmlRowRemapperHistogramValues_t)
+        used = min(_REMAP_BANKS, k.remapped_correctable + k.remapped_uncorrectable)
+        histogram.none = int(k.remap_failed)
+        histogram.low = 0
+        histogram.partial = 0
+        histogram.high = max(0, used - histogram.none)
+        histogram.max = _REMAP_BANKS - histogram.high - histogram.none
+
+    @_export(_P)
+    def nvmlDeviceValidateInforom(self, device: int) -> None:
+        self._spec("nvmlDeviceValidateInforom", device)
+
+    @_export(_P, _P)
+    def nvmlDeviceGetGpuFabricInfoV(self, device: int, out: int) -> None:
+        """An NVLink (HGX) node has a fabric the GPU registered with; elsewhere the state is NOT_SUPPORTED,
+        as the fixture's single PCIe-attached H100 shows ("Fabric State: N/A")."""
+        spec = self._spec("nvmlDeviceGetGpuFabricInfoV", device)
+        info = _struct(out, nvmlGpuFabricInfo_v2_t)
+        if info.version != _FABRIC_INFO_V2:
+            raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.status = c.NVML_SUCCESS
+        info.state = _FABRIC_STATE_COMPLETED if spec.nvlink_links > 0 else _FABRIC_STATE_NOT_SUPPORTED
+        info.cliqueId = 0
 
     @_export(_P, _P)
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: int, out: int) -> None:

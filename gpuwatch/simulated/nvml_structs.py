@@ -15,6 +15,7 @@ from ctypes import (
     c_int,
     c_int64,
     c_longlong,
+    c_ubyte,
     c_uint,
     c_uint32,
     c_ulong,
@@ -115,6 +116,23 @@ class nvmlMarginTemperature_t(Structure):
     _fields_ = [("version", c_uint), ("marginTemperature", c_int)]
 
 
+class nvmlRowRemapperHistogramValues_t(Structure):
+    _fields_ = [("max", c_uint), ("high", c_uint), ("partial", c_uint), ("low", c_uint), ("none", c_uint)]
+
+
+class nvmlGpuFabricInfo_v2_t(Structure):
+    """nvmlGpuFabricInfoV_t at version 2 (nvmlGpuFabricInfo_v2 = 0x02000024: version 2, 36 bytes)."""
+
+    _fields_ = [
+        ("version", c_uint),
+        ("clusterUuid", c_ubyte * 16),
+        ("status", c_uint),
+        ("cliqueId", c_uint32),
+        ("state", c_ubyte),
+        ("healthMask", c_uint32),
+    ]
+
+
 # Each struct and the name the binding gives its own copy of it (for the layout test).
 BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMemory_t: "c_nvmlMemory_t",
@@ -128,4 +146,6 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlProcessInfo_t: "c_nvmlProcessInfo_v3_t",
     nvmlTemperature_t: "c_nvmlTemperature_v1_t",
     nvmlMarginTemperature_t: "c_nvmlMarginTemperature_v1_t",
+    nvmlRowRemapperHistogramValues_t: "c_nvmlRowRemapperHistogramValues",
+    nvmlGpuFabricInfo_v2_t: "c_nvmlGpuFabricInfoV_t",
 }
