@@ -368,13 +368,14 @@ class Agent:
         """Kernel-log XIDs mapped to GPUs; those of a GPU not known yet (NVML still opening, or down) wait for it."""
         events = []
         waiting: list[KernelXid] = []
-        for xid in [*self._unmatched_xids, *reader.read_new()]:
+        for xid in [*self._unmatched_xids, *reader.read_new(now=self._clock())]:
             identity = self.store.identity_by_pci(normalize_pci_bus_id(xid.pci_bus_id), normalize_pci_bus_id)
             if identity is None:
                 waiting.append(xid)
             else:
                 events.append(GpuEvent(identity.uuid, "xid", xid.timestamp, code=xid.xid, source="kmsg"))
         self._unmatched_xids = waiting[-MAX_UNMATCHED_XIDS:]
+        self.store.add_sxids(reader.drain_sxids())
         return events
 
     # --- health and reload ---------------------------------------------------------------------------------

@@ -83,6 +83,8 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
         out.add("gpuwatch_backend_up", (backend,), up)
     detected = sum(1 for uuid in snap.identities if snap.fresh(uuid) is not None)
     out.add("gpuwatch_gpus_detected", (), detected + len(snap.unusable))  # present, if unusable
+    for (switch, sxid), count in sorted(snap.sxids.items()):
+        out.add("gpuwatch_nvswitch_sxid_errors_total", (switch, xid_label(sxid)), count.total)
     for gpu in snap.unusable:
         if gpu.reason == "insufficient_power":
             out.add("gpuwatch_gpu_insufficient_power", (str(gpu.index), gpu.pci_bus_id), 1)

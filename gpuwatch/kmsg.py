@@ -1,9 +1,10 @@
-"""NVIDIA XID errors from the kernel log (``/dev/kmsg``), since boot.
+"""NVIDIA XID errors (and NVSwitch SXid errors) from the kernel log (``/dev/kmsg``), since boot.
 
 NVML only delivers XID events that happen while the agent is registered for them; the kernel log also holds
 the ones from before the agent (re)started, and the ones of a GPU that fell off the bus and is gone from NVML.
-Each record carries its own time, so re-reading old XIDs after a restart moves no ``*_last_timestamp_seconds``
-forward.
+The backlog read at start is stamped with each record's own kernel time, so re-reading old XIDs after a restart
+moves no ``*_last_timestamp_seconds`` forward; records read live are stamped when read, because boot time plus
+the kernel's monotonic clock drifts from wall time over a long uptime (NTP slews the one, not the other).
 
 ``/dev/kmsg`` yields exactly one record per ``read()``; a regular file (a saved copy, the test fixture) is
 read line by line. Both keep their place, and records are also de-duplicated by their sequence number.
@@ -30,13 +31,14 @@ from types import TracebackType
 
 import psutil
 
-from gpuwatch.xid import xid_from_digits
+from gpuwatch.xid import OTHER_XID, xid_from_digits
 
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 16 * 1024  # /dev/kmsg refuses (EINVAL) a buffer smaller than the record; records are < 8 KiB
 _MAX_RECORDS_PER_CALL = 100_000  # bounds one call under a kernel log flood
 _MAX_FIELD_DIGITS = 20  # a u64 sequence number or timestamp; longer is junk, never a 4,300-digit int() error
+_MAX_PENDING_SXIDS = 10_000  # between two drains; a flood keeps the newest
 KERNEL_FACILITY = 0  # LOG_KERN: the prefix value of a kernel record is below 8
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, ..." and the older "NVRM: Xid (0000:3b:00): 13, ...".
@@ -44,6 +46,13 @@ KERNEL_FACILITY = 0  # LOG_KERN: the prefix value of a kernel record is below 8
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)\):\s*(?P<xid>\d+)\b"
 )
+# "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 61 LTSSM Fault Up" (NVIDIA Fabric Manager user
+# guide, "NVSwitch SXid errors"): the switch driver's own prefix opens the message.
+_SXID_RE = re.compile(
+    r"nvidia-nvswitch\d*: SXid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)\):"
+    r"\s*(?P<sxid>\d+)\b"
+)
+SXID_MAX = 99_999  # SXid codes are five digits (11xxx..24xxx); anything longer is folded into "other"
 _PCI_RE = re.compile(r"^(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<device>[0-9a-f]{1,2})(?:\.[0-7])?$")
 
 
@@ -72,6 +81,16 @@ class KernelXid:
     xid: int
     timestamp: float  # unix time the kernel logged it
     message: str  # the record's text, for logs
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSxid:
+    """One NVSwitch SXid line from the kernel log: the switch is known only by its PCI address."""
+
+    pci_bus_id: str  # normalised
+    sxid: int  # OTHER_XID outside 1..SXID_MAX
+    timestamp: float
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +131,16 @@ def parse_xid(message: str) -> tuple[str, int] | None:
     return normalize_pci_bus_id(match["bus"]), xid_from_digits(match["xid"])
 
 
+def parse_sxid(message: str) -> tuple[str, int] | None:
+    """``(normalised pci bus id, sxid)`` when the message is an NVSwitch SXid report, else None."""
+    match = _SXID_RE.match(message)
+    if match is None:
+        return None
+    digits = match["sxid"].lstrip("0") or "0"
+    code = int(digits) if len(digits) <= len(str(SXID_MAX)) else OTHER_XID
+    return normalize_pci_bus_id(match["bus"]), code if 1 <= code <= SXID_MAX else OTHER_XID
+
+
 def _boot_time() -> float:
     """Unix time of boot (from /proc/stat via psutil); from the monotonic clock if that cannot be read."""
     try:
@@ -125,13 +154,15 @@ class KernelLogXidReader:
 
     When the log cannot be opened (``kernel.dmesg_restrict=1`` without CAP_SYSLOG, no /dev/kmsg in a
     container), ``available`` is False and ``reason`` says why, for ``gpuwatch check``; XIDs then come from
-    NVML alone. Timestamps are ``boot_time + usec_since_boot``: the kernel's monotonic clock, which does not
-    count time spent suspended (servers do not suspend).
+    NVML alone. The first read (the backlog) is stamped ``boot_time + usec_since_boot``; later reads with the
+    caller's ``now``, at most one event-loop wait after the kernel logged them.
     """
 
     def __init__(self, path: Path = Path("/dev/kmsg"), boot_time: float | None = None) -> None:
         self.path = path
         self.boot_time = _boot_time() if boot_time is None else boot_time
+        self._backlog_read = False
+        self._sxids: list[KernelSxid] = []
         self.reason: str | None = None
         self._fd: int | None = None
         self._is_file = False
@@ -145,8 +176,9 @@ class KernelLogXidReader:
         """True while the log can be read."""
         return self._fd is not None
 
-    def read_new(self) -> list[KernelXid]:
-        """XIDs logged since the previous call (on the first call: every one still in the kernel's buffer)."""
+    def read_new(self, now: float | None = None) -> list[KernelXid]:
+        """XIDs logged since the previous call (on the first call: every one still in the kernel's buffer, at
+        their kernel time; later ones at ``now``, default the wall clock)."""
         if self._fd is None:
             return []
         try:
@@ -154,7 +186,14 @@ class KernelLogXidReader:
         except OSError as exc:
             self._fail(f"reading {self.path} failed: {exc}")
             return []
-        return self._xids(lines)
+        stamp = (time.time() if now is None else now) if self._backlog_read else None
+        self._backlog_read = True
+        return self._xids(lines, stamp)
+
+    def drain_sxids(self) -> list[KernelSxid]:
+        """NVSwitch SXids found by the reads since the last call."""
+        found, self._sxids = self._sxids, []
+        return found
 
     def close(self) -> None:
         """Release the descriptor; the reader then reports nothing."""
@@ -233,8 +272,9 @@ class KernelLogXidReader:
         self._offset += end
         return data[:end].decode("utf-8", "replace").splitlines()
 
-    def _xids(self, lines: list[str]) -> list[KernelXid]:
-        """The XIDs in the records that were not returned before (by sequence number)."""
+    def _xids(self, lines: list[str], now: float | None) -> list[KernelXid]:
+        """The XIDs in the records that were not returned before (by sequence number); SXids are kept aside.
+        ``now`` stamps them, or None for each record's own kernel time (the backlog)."""
         xids: list[KernelXid] = []
         for line in lines:
             record = parse_record(line)
@@ -243,9 +283,12 @@ class KernelLogXidReader:
             self._last_seq = record.seq
             if record.facility != KERNEL_FACILITY:  # written by a user process, not the driver
                 continue
-            found = parse_xid(record.message)
-            if found is not None:
+            timestamp = now if now is not None else self.boot_time + record.usec_since_boot / 1e6
+            if (found := parse_xid(record.message)) is not None:
                 bus_id, xid = found
-                timestamp = self.boot_time + record.usec_since_boot / 1e6
                 xids.append(KernelXid(pci_bus_id=bus_id, xid=xid, timestamp=timestamp, message=record.message))
+            elif (switch := parse_sxid(record.message)) is not None:
+                bus_id, sxid = switch
+                self._sxids.append(KernelSxid(bus_id, sxid, timestamp, record.message))
+                del self._sxids[:-_MAX_PENDING_SXIDS]
         return xids

@@ -136,6 +136,12 @@ _SPECS: tuple[MetricSpec, ...] = (
         "Unix time that XID last happened (the event's own time).",
     ),
     _m("gpuwatch_gpu_reset_events_total", "counter", GPU, "GPU resets seen (AMD pre-reset events)."),
+    _m(
+        "gpuwatch_nvswitch_sxid_errors_total",
+        "counter",
+        ("pci_bus_id", "sxid"),
+        "NVSwitch SXid errors in the kernel log since boot, by switch (PCI address) and code.",
+    ),
     # PCIe and interconnect
     _m("gpuwatch_gpu_pcie_link_generation", "gauge", (*GPU, "link"), "PCIe generation: current, max."),
     _m("gpuwatch_gpu_pcie_link_width", "gauge", (*GPU, "link"), "PCIe lanes: current, max."),

@@ -10,15 +10,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample, UnusableGpu
 from gpuwatch.probe.results import ProbeBook, ProbeView
 from gpuwatch.xid import fold_xid
 
+if TYPE_CHECKING:
+    from gpuwatch.kmsg import KernelSxid
+
 # Two reports of the same XID on the same GPU from different sources (NVML event, kernel log) this close in time
 # are one event.
 XID_DEDUP_WINDOW_SECONDS = 5.0
 MAX_XID_SEEN_KEYS = 4096  # de-duplication memory: (GPU, raw code) pairs, the oldest forgotten first
+MAX_SXID_KEYS = 4096  # (NVSwitch, SXid) series: an HGX node has up to 12 switches and a few dozen codes
 STALE_AFTER_POLLS = 3
 
 
@@ -55,6 +60,7 @@ class StoreSnapshot:
     gpus_expected: dict[str, int]
     configured_power_limit_watts: float | None
     unusable: tuple[UnusableGpu, ...] = ()  # GPUs a library counts but cannot open
+    sxids: dict[tuple[str, int], XidCount] = field(default_factory=dict)  # (NVSwitch, SXid) from the kernel log
     host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
 
@@ -84,6 +90,7 @@ class SampleStore:
         self._collectors: dict[str, CollectorStatus] = {}
         self._expected: dict[str, int] = {}
         self._unusable: dict[str, tuple[UnusableGpu, ...]] = {}  # backend -> GPUs it counts but cannot open
+        self._sxids: dict[tuple[str, int], XidCount] = {}  # (NVSwitch PCI address, SXid) -> count
         self.configured_power_limit_watts: float | None = None
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
@@ -187,6 +194,18 @@ class SampleStore:
         count.total += 1
         count.last_timestamp = max(count.last_timestamp, event.timestamp)
 
+    def add_sxids(self, sxids: Iterable[KernelSxid]) -> None:
+        """NVSwitch SXids from the kernel log (each record once: the reader de-duplicates by sequence)."""
+        with self._lock:
+            for sxid in sxids:
+                count = self._sxids.get((sxid.pci_bus_id, sxid.sxid))
+                if count is None:
+                    if len(self._sxids) >= MAX_SXID_KEYS:  # switches x codes: far below this on a real node
+                        continue
+                    count = self._sxids[(sxid.pci_bus_id, sxid.sxid)] = XidCount()
+                count.total += 1
+                count.last_timestamp = max(count.last_timestamp, sxid.timestamp)
+
     def ensure_resets_counter(self, uuid: str) -> None:
         """Reset counters exist from start-up at 0 for GPUs whose backend reports resets."""
         with self._lock:
@@ -232,6 +251,7 @@ class SampleStore:
                 gpus_expected=dict(self._expected),
                 configured_power_limit_watts=self.configured_power_limit_watts,
                 unusable=tuple(gpu for gpus in self._unusable.values() for gpu in gpus),
+                sxids={key: XidCount(c.total, c.last_timestamp) for key, c in self._sxids.items()},
                 host=tuple(
                     sample
                     for _name, (sample, interval) in sorted(self._host.items())

@@ -19,6 +19,7 @@ from gpuwatch.kmsg import (
     parse_record,
     parse_xid,
 )
+from gpuwatch.xid import OTHER_XID
 
 BOOT = 1_700_000_000.0
 
@@ -186,8 +187,8 @@ def test_partial_last_line_waits_until_complete(tmp_path: Path) -> None:
     assert reader.read_new() == []
     with path.open("a") as f:
         f.write("9, pid=1, name=x, GPU has fallen off the bus.\n")
-    (xid,) = reader.read_new()
-    assert (xid.xid, xid.timestamp) == (79, BOOT + 1.0)
+    (xid,) = reader.read_new(now=BOOT + 7.0)
+    assert (xid.xid, xid.timestamp) == (79, BOOT + 7.0)  # read live: stamped when read
 
 
 def test_boot_time_defaults_to_psutil(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,3 +350,23 @@ def test_real_dev_kmsg_never_raises() -> None:
         assert reader.read_new() == [] or reader.available
     finally:
         reader.close()
+
+
+def test_nvswitch_sxids_are_read_apart_from_xids(tmp_path: Path) -> None:
+    """NVIDIA Fabric Manager user guide, "NVSwitch SXid errors": the switch driver logs
+    ``nvidia-nvswitchN: SXid (PCI:<bdf>): <code>, <severity> ...``; only a kernel record that opens with it counts,
+    and a code of more than five digits folds into "other"."""
+    path = tmp_path / "kmsg"
+    path.write_text(
+        "3,1,1000000,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 61 LTSSM Fault Up\n"
+        "3,2,2000000,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 123456789, Non-fatal, garbled\n"
+        "14,3,3000000,-;nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 11004, written by a user\n"
+        "6,4,4000000,-;python[99]: segfault in nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 11004\n"
+    )
+    reader = KernelLogXidReader(path, boot_time=BOOT)
+    assert reader.read_new() == []
+    assert [(s.pci_bus_id, s.sxid, s.timestamp) for s in reader.drain_sxids()] == [
+        ("0000:05:00", 20034, BOOT + 1.0),
+        ("0000:05:00", OTHER_XID, BOOT + 2.0),
+    ]
+    assert reader.drain_sxids() == []
