@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
 from gpuwatch.metrics import COLLECTORS
+from gpuwatch.tomlfile import TomlFileError, load_toml_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatch/config.toml")
 DEFAULT_PORT = 9845
@@ -130,15 +130,11 @@ def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None =
     if path is not None:
         source = str(path)
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            raw = load_toml_file(path)  # regular files only, size-capped, never blocks (gpuwatch.tomlfile)
         except FileNotFoundError:
             raise ConfigError(source, "", "file not found; create it or pass --config with an existing file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(source, "", f"cannot read the file: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(source, "", f"not valid TOML: {exc}") from None
-        except (ValueError, RecursionError) as exc:  # tomllib: a 4300+ digit integer, arrays nested thousands deep
-            raise ConfigError(source, "", f"not a usable TOML document: {str(exc)[:200]}") from None
+        except TomlFileError as exc:
+            raise ConfigError(source, "", str(exc)) from None
     sections: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in _SECTIONS:

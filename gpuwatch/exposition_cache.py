@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from gpuwatch.exporter import families
 from gpuwatch.exposition_fast import fast_format
 from gpuwatch.exposition_fast import render as render_fast
+from gpuwatch.metrics import CATALOGUE
 from gpuwatch.store import SampleStore, StoreSnapshot
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -76,13 +77,53 @@ class CachedExposition:
                 self.renders += 1
             return content_type, body
 
+    def render_filtered(self, accept: str | None, names: set[str]) -> tuple[str, bytes]:
+        """(content type, body) with only the families that have a sample named in `names` (`name[]`), uncached.
+
+        prometheus_client's own filter finds collectors by the names they describe, and this registry describes
+        none (auto_describe off), so it would answer every filter with an empty body."""
+        encoder, content_type = choose_encoder(accept or "")
+        metrics = [m for m in families(self._store.snapshot()) if m.name in names or _sample_names(m) & names]
+        return content_type, encoder(_Rendered(metrics))
+
+
+def _sample_names(metric: Metric) -> set[str]:
+    return {sample.name for sample in metric.samples}
+
+
+_SAMPLE_SUFFIXES = ("", "_total", "_created", "_bucket", "_sum", "_count", "_info")
+
+
+def exported_name(name: str) -> bool:
+    """Whether `name` is a metric (family or sample name) gpuwatch can export.
+
+    prometheus_client filters `name[]` by sample name and answers an empty 200 for a name it does not have; a
+    typo then looks like a node with nothing to report. A filter naming only metrics gpuwatch never exports is a
+    400 saying so instead; names that exist but have no samples right now (a probe that is off) still get 200."""
+    return any(name.removesuffix(suffix) in CATALOGUE for suffix in _SAMPLE_SUFFIXES if name.endswith(suffix)) or any(
+        f"{name}{suffix}" in CATALOGUE for suffix in _SAMPLE_SUFFIXES
+    )
+
 
 def cached_metrics_app(cache: CachedExposition, fallback: WsgiApp) -> WsgiApp:
-    """A /metrics WSGI app serving GET from the cache; `name[]` filters and other methods go to `fallback`."""
+    """A /metrics WSGI app serving GET from the cache (`name[]`: filtered, uncached); other methods go to `fallback`."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        if names is not None and not any(exported_name(name) for name in names):
+            body = (
+                f"name[]: gpuwatch exports no metric named {', '.join(sorted(set(names)))[:500]}; GET /metrics "
+                "without name[] lists every metric\n"
+            ).encode()
+            headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+            start_response("400 Bad Request", headers)
+            return [body]
+        if environ.get("REQUEST_METHOD") != "GET":
             return fallback(environ, start_response)
+        if names is not None:
+            content_type, body = cache.render_filtered(environ.get("HTTP_ACCEPT"), set(names))
+            start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return [body]
         compress = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")
         content_type, body = cache.render(environ.get("HTTP_ACCEPT"), compress)
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]

@@ -1,21 +1,38 @@
 """The agent's HTTP server: /metrics, /healthz and a plain status page, one thread per request.
 
 A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
+What a client can hold before it is answered — connections, threads, time, header bytes — is bounded by
+gpuwatch.connections; plain HTTP sent to the TLS port gets a 400 saying so, as Go's net/http answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import logging
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from gpuwatch.connections import (
+    EMFILE_PAUSE_SECONDS,
+    HEAD_DEADLINE_SECONDS,
+    LISTEN_BACKLOG,
+    Connection,
+    ConnectionTable,
+    HeadTooLarge,
+    looks_like_plain_http,
+    read_head,
+    simple_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +42,9 @@ HealthCheck = Callable[[], tuple[bool, str]]
 StatusPage = Callable[[], str]
 
 MAX_REQUEST_LINE = 8192
-CLIENT_TIMEOUT_SECONDS = 30.0  # a client that stalls mid-request loses its connection, not a thread forever
+CLIENT_TIMEOUT_SECONDS = 30.0  # per read; the total deadlines are gpuwatch.connections'
+REAP_INTERVAL_SECONDS = 0.5
+PLAIN_HTTP_ON_TLS = "Client sent an HTTP request to an HTTPS server.\n"  # Go's words, which operators search for
 
 
 class ListenError(Exception):
@@ -38,12 +57,83 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def handle(self) -> None:
+        """Read the request head within its limits first, then let wsgiref parse it from memory and run the app."""
+        try:
+            head = read_head(self.rfile)
+        except HeadTooLarge as exc:
+            self.wfile.write(simple_response(exc.status, "the request head is too large\n"))
+            return
+        if head is None:  # the client left, or was closed for its deadline
+            return
+        server = self.server
+        if isinstance(server, _Server):
+            server.head_done()
+        self.rfile = io.BytesIO(head)  # a GET has no body; POST and others get 405 from the app
+        super().handle()
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
     wrap_socket: Callable[[socket.socket], socket.socket] | None = None  # TLS (gpuwatch.webconfig)
+    table: ConnectionTable
+    _local: threading.local
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """accept(), but out of descriptors (EMFILE) frees one or pauses: never a 100 % CPU loop, never a traceback."""
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.table.report(
+                    "emfile",
+                    f"out of file descriptors accepting a connection ({exc.strerror}); closing the oldest "
+                    "unfinished request or pausing (LimitNOFILE= in the unit)",
+                )
+                evicted = self.table.evict_oldest_incomplete()
+                time.sleep(0.01 if evicted else EMFILE_PAUSE_SECONDS)
+            raise  # socketserver drops an OSError from accept quietly
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per admitted connection; refused (503) when every slot is answering or no thread starts."""
+        conn = self.table.admit(request)
+        if conn is None:
+            self._refuse(request)
+            return
+        thread = threading.Thread(
+            target=self._serve_connection, args=(request, client_address, conn), daemon=True, name="http-conn"
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread": TasksMax= or the memory for a stack is gone
+            self.table.release(conn)
+            self.table.report("threads", "cannot start a thread for a connection (TasksMax=?); answered 503")
+            self._refuse(request)
+
+    def _serve_connection(self, request: Any, client_address: Any, conn: Connection) -> None:
+        self._local.conn = conn
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.table.release(conn)
+            self.shutdown_request(request)
+
+    def head_done(self) -> None:
+        """The connection's request head is in: it is being answered and no longer evicted for a newcomer."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self.table.head_done(conn)
+
+    def _refuse(self, request: socket.socket) -> None:
+        if self.wrap_socket is None:  # a TLS client could not read a plain 503: it only sees the close
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(simple_response("503 Service Unavailable", "too many connections; retry shortly\n"))
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that stalls past the timeout or resets is routine: a debug line, not a traceback on stderr."""
@@ -58,6 +148,8 @@ class _Server(ThreadingMixIn, WSGIServer):
         if self.wrap_socket is None:
             super().finish_request(request, client_address)
             return
+        if self._plain_http_answered(request):
+            return
         try:
             tls = self.wrap_socket(request)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
@@ -67,6 +159,19 @@ class _Server(ThreadingMixIn, WSGIServer):
             super().finish_request(tls, client_address)
         finally:
             tls.close()
+
+    def _plain_http_answered(self, request: socket.socket) -> bool:
+        """A plain HTTP request on the TLS port gets a 400 naming the mistake instead of a reset."""
+        try:
+            request.settimeout(HEAD_DEADLINE_SECONDS)
+            first = request.recv(5, socket.MSG_PEEK | socket.MSG_WAITALL)
+        except OSError:
+            return True  # silent or gone: nothing to answer
+        if not looks_like_plain_http(first):
+            return False
+        with contextlib.suppress(OSError):
+            request.sendall(simple_response("400 Bad Request", PLAIN_HTTP_ON_TLS))
+        return True
 
 
 def make_app(
@@ -143,7 +248,11 @@ class HttpServer:
             }.get(exc.errno or 0, "check --listen")
             raise ListenError(f"cannot listen on {host or '*'}:{port}: {exc.strerror} ({hint})") from None
         self._server.wrap_socket = wrap_socket
+        self._server.table = ConnectionTable()
+        self._server._local = threading.local()
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._stopped = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="http-deadlines", daemon=True)
 
     @property
     def port(self) -> int:
@@ -151,10 +260,17 @@ class HttpServer:
 
     def start(self) -> None:
         self._thread.start()
+        self._reaper.start()
 
     def stop(self) -> None:
+        self._stopped.set()
         self._server.shutdown()
         self._server.server_close()
+
+    def _reap(self) -> None:
+        """Close connections past their deadlines (a total for the request head, not one per read)."""
+        while not self._stopped.wait(REAP_INTERVAL_SECONDS):
+            self._server.table.reap()
 
 
 def _server_class_for(host: str, port: int) -> type[_Server]:

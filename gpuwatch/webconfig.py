@@ -14,9 +14,12 @@ The file Prometheus users already write for node_exporter (`--web.config.file`) 
       prometheus: $2b$12$...           # bcrypt hash: htpasswd -nBC 12 "" | tr -d ':\\n'
 
 Every problem is a ConfigError naming the file and the key (exit 78). The TLS handshake runs in the connection's own
-thread with a timeout, so a slow or broken client never blocks another scrape. Passwords are checked with bcrypt
-(constant-time); results are cached under an HMAC of the credentials, as exporter-toolkit does, so a 1 s scrape does
-not cost a bcrypt round each time.
+thread with a timeout, so a slow or broken client never blocks another scrape; a rotated certificate or key is loaded
+at the first handshake after its files change (gpuwatch.tlsreload). Passwords are checked with bcrypt
+(constant-time) one at a time, as exporter-toolkit does, so wrong passwords cost at most one core; only credentials
+that passed are cached (under an HMAC of them), so failed ones can never evict the real scraper's. Failed attempts
+are limited per client address (gpuwatch.authlimit: 429 once its budget is spent), and a hash whose cost would make
+every check take seconds to hours is refused when the file is loaded.
 """
 
 from __future__ import annotations
@@ -37,14 +40,23 @@ from typing import Any
 import bcrypt
 import yaml
 
+from gpuwatch.authlimit import FailureLimiter
 from gpuwatch.config import ConfigError
+from gpuwatch.safefile import read_regular_file
+from gpuwatch.tlsreload import TlsReloader
+from gpuwatch.tomlfile import MAX_TOML_BYTES
 
 Environ = dict[str, Any]
 WsgiApp = Callable[..., Iterable[bytes]]
 SocketWrapper = Callable[[socket.socket], socket.socket]
 
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
-AUTH_CACHE_SIZE = 1024
+AUTH_CACHE_SIZE = 1024  # credentials that passed; a node has a handful of scrapers
+# bcrypt cost: each step doubles the time. Cost 12 (htpasswd's recommendation) takes ~0.2 s on a current core, 14
+# ~0.8 s, and 31 ~28 hours: one check at start-up or by `gpuwatch check` would hang it. 14 is the most that keeps the
+# first scrape with new credentials well inside Prometheus' default 10 s scrape timeout.
+MAX_BCRYPT_COST = 14
+MIN_BCRYPT_COST = 4
 REALM = "gpuwatch"
 
 CLIENT_AUTH_TYPES = {
@@ -117,12 +129,14 @@ class WebConfig:
     client_allowed_sans: tuple[str, ...] = ()
     users: dict[str, bytes] = field(default_factory=dict)
     headers: tuple[tuple[str, str], ...] = ()
+    tls_reload: TlsReloader | None = None  # rebuilds `tls` when the certificate or key files change
 
     def wrap_socket(self, sock: socket.socket) -> socket.socket:
         """TLS handshake on an accepted connection, in its own thread, bounded in time; raises on a rejected peer."""
         assert self.tls is not None
+        context = self.tls_reload.context() if self.tls_reload is not None else self.tls
         sock.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
-        tls = self.tls.wrap_socket(sock, server_side=True)
+        tls = context.wrap_socket(sock, server_side=True)
         if self.client_allowed_sans and not _peer_san_allowed(tls.getpeercert(), self.client_allowed_sans):
             tls.close()
             raise ssl.SSLError("client certificate has none of tls_server_config.client_allowed_sans")
@@ -141,8 +155,8 @@ def apply_web_config(path: str, app: WsgiApp) -> tuple[WsgiApp, SocketWrapper | 
 
 def load_web_config(path: Path) -> WebConfig:
     source = str(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:  # a regular file of at most a MiB, never a FIFO or /dev/zero (gpuwatch.safefile)
+        raw = yaml.safe_load(read_regular_file(path, max_bytes=MAX_TOML_BYTES, follow_links=True).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(
             source, "", "web config file not found; create it or fix agent.web_config/--web-config"
@@ -156,6 +170,11 @@ def load_web_config(path: Path) -> WebConfig:
     base = path.parent
     tls_raw = top.get("tls_server_config")
     tls, sans = (None, ()) if tls_raw is None else _tls(source, base, tls_raw)
+    reload = None
+    if tls is not None and isinstance(tls_raw, dict):
+        tls_cfg: dict[str, Any] = tls_raw
+        files = [str(base / tls_cfg[k]) for k in ("cert_file", "key_file", "client_ca_file") if k in tls_cfg]
+        reload = TlsReloader(tls, files, lambda: _tls(source, base, tls_cfg)[0])
     http = _mapping(source, "http_server_config", top.get("http_server_config") or {}, HTTP_KEYS)
     if "http2" in http and not isinstance(http["http2"], bool):
         raise ConfigError(source, "http_server_config.http2", "must be true or false")
@@ -165,6 +184,7 @@ def load_web_config(path: Path) -> WebConfig:
         client_allowed_sans=sans,
         users=_users(source, top.get("basic_auth_users") or {}),
         headers=_headers(source, http.get("headers") or {}),
+        tls_reload=reload,
     )
 
 
@@ -276,6 +296,14 @@ def _users(source: str, raw: Any) -> dict[str, bytes]:
             raise ConfigError(source, key, "user names must be non-empty strings without ':'")
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise ConfigError(source, key, "must be a bcrypt hash ($2b$...); make one with: htpasswd -nBC 12 '' ")
+        cost = hashed[4:6]
+        if not (cost.isascii() and cost.isdigit() and MIN_BCRYPT_COST <= int(cost) <= MAX_BCRYPT_COST):
+            raise ConfigError(
+                source,
+                key,
+                f"bcrypt cost {cost!r} is outside {MIN_BCRYPT_COST}..{MAX_BCRYPT_COST}: each step doubles the time of "
+                f"every check (cost 12 ~0.2 s, 31 ~28 hours); make one with: htpasswd -nBC 12 ''",
+            )
         try:
             bcrypt.checkpw(b"", hashed.encode())
         except ValueError:
@@ -309,8 +337,9 @@ class BasicAuth:
     def __init__(self, users: dict[str, bytes]) -> None:
         self._users = users
         self._key = secrets.token_bytes(32)
-        self._cache: dict[bytes, bool] = {}
+        self._cache: dict[bytes, bool] = {}  # only credentials that passed, oldest first
         self._lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()  # one bcrypt check at a time: wrong passwords cost one core at most
         # An unknown user still costs one bcrypt check, so timing does not tell which user names exist.
         self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=_rounds(users)))
 
@@ -334,14 +363,28 @@ class BasicAuth:
             if hmac.compare_digest(name.encode(), user.encode()):
                 hashed, known = value, True
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed) and known
+            with self._bcrypt_lock:
+                ok = bcrypt.checkpw(password.encode(), hashed) and known
         except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes: a wrong password, never a 500
             ok = False
-        with self._lock:
-            if len(self._cache) >= AUTH_CACHE_SIZE:
-                self._cache.clear()
-            self._cache[digest] = ok
+        if ok:
+            with self._lock:
+                if len(self._cache) >= AUTH_CACHE_SIZE:
+                    del self._cache[next(iter(self._cache))]
+                self._cache[digest] = True
         return ok
+
+    def cached(self, header: str | None) -> bool:
+        """True when these credentials passed before (no bcrypt, no rate limit): the real scraper's fast path."""
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        with self._lock:
+            return digest in self._cache
 
 
 def _rounds(users: dict[str, bytes]) -> int:
@@ -356,6 +399,7 @@ def _rounds(users: dict[str, bytes]) -> int:
 
 def _secure_app(app: WsgiApp, web: WebConfig) -> WsgiApp:
     auth = BasicAuth(web.users) if web.users else None
+    limiter = FailureLimiter()
 
     def secured(environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
         def with_headers(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -365,7 +409,22 @@ def _secure_app(app: WsgiApp, web: WebConfig) -> WsgiApp:
                 else start_response(status, [*headers, *web.headers])
             )
 
-        if auth is not None and not auth.check(environ.get("HTTP_AUTHORIZATION")):
+        header = environ.get("HTTP_AUTHORIZATION")
+        client = str(environ.get("REMOTE_ADDR", ""))
+        if auth is not None and not auth.cached(header) and not limiter.allowed(client):
+            body = b"too many failed logins from this address; retry later\n"
+            with_headers(
+                "429 Too Many Requests",
+                [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("Content-Length", str(len(body))),
+                    ("Retry-After", str(limiter.retry_after_seconds())),
+                ],
+            )
+            return [body]
+        if auth is not None and not auth.check(header):
+            if header:  # a request without credentials (a browser's first try) is no failed attempt
+                limiter.failed(client)
             body = b"unauthorized\n"
             with_headers(
                 "401 Unauthorized",

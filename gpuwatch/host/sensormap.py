@@ -21,13 +21,15 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwatch.tomlfile import TomlFileError, load_toml_file
+
 INPUT_RE = re.compile(r"^(in|temp|fan)\d+$")
 INPUT_KEYS = ("label", "compute", "nominal", "min", "ignore")
+MAX_COMPUTE_CHARS = 200  # sensors.conf's real ones are under 30 characters
 
 
 class SensorMapError(Exception):
@@ -47,10 +49,17 @@ class Compute:
     @classmethod
     def parse(cls, text: str) -> Compute:
         expr = text.split(",")[0].strip()  # sensors.conf gives "from, to"; only the first direction matters here
+        if len(expr) > MAX_COMPUTE_CHARS:  # bounds the nesting too, far below Python's recursion limit
+            raise ValueError(
+                f"{text[:40]!r}… is {len(expr):,} characters; a compute expression has at most {MAX_COMPUTE_CHARS} "
+                "(a divider is '@*(1+120/56)')"
+            )
         try:
             tree = ast.parse(expr.replace("@", "x"), mode="eval")
-        except SyntaxError:
+        except (SyntaxError, ValueError):
             raise ValueError(f"{text!r} is not an expression like '@*12' or '@*(1+120/56)'") from None
+        except (RecursionError, MemoryError):
+            raise ValueError(f"{text[:40]!r}… is nested too deeply to be an expression like '@*12'") from None
         for node in ast.walk(tree):
             allowed = (
                 ast.Expression,
@@ -126,13 +135,11 @@ def load_sensor_maps(paths: Iterable[str]) -> tuple[ChipMap, ...]:
     maps: list[ChipMap] = []
     for path in paths:
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            raw = load_toml_file(Path(path))  # the config's own reader: the same limits and messages
         except FileNotFoundError:
             raise SensorMapError(path, "", "file not found; fix host.sensor_maps or create the file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SensorMapError(path, "", f"cannot read the file: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SensorMapError(path, "", f"not valid TOML: {exc}") from None
+        except TomlFileError as exc:
+            raise SensorMapError(path, "", str(exc)) from None
         maps.extend(_parse_file(path, raw))
     return tuple(maps)
 
