@@ -67,10 +67,10 @@ class CachedExposition:
             body = self._bodies.get((content_type, compress))
             if body is None:
                 metrics = list(families(snap))
-                fmt = fast_format(encoder)
-                body = render_fast(metrics, fmt) if fmt is not None else None
-                if body is None:  # a format or a family the fast encoder does not write
-                    body = encoder(_Rendered(metrics))
+                try:
+                    body = _encode(metrics, encoder)
+                except UnicodeEncodeError:  # a label with a surrogate escape (an undecodable name): never a 500
+                    body = _encode(_printable(metrics), encoder)
                 if compress:
                     body = gzip.compress(body)
                 self._bodies[(content_type, compress)] = body
@@ -85,6 +85,26 @@ class CachedExposition:
         encoder, content_type = choose_encoder(accept or "")
         metrics = [m for m in families(self._store.snapshot()) if m.name in names or _sample_names(m) & names]
         return content_type, encoder(_Rendered(metrics))
+
+
+def _encode(metrics: list[Metric], encoder: Callable[[Any], bytes]) -> bytes:
+    fmt = fast_format(encoder)
+    body = render_fast(metrics, fmt) if fmt is not None else None
+    if body is None:  # a format or a family the fast encoder does not write
+        body = encoder(_Rendered(metrics))
+    return body
+
+
+def _printable(metrics: list[Metric]) -> list[Metric]:
+    """The families with every label value made encodable (undecodable bytes as U+FFFD): one bad label must
+    never break the scrape."""
+
+    def clean(text: str) -> str:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+    for metric in metrics:
+        metric.samples = [s._replace(labels={k: clean(v) for k, v in s.labels.items()}) for s in metric.samples]
+    return metrics
 
 
 def _sample_names(metric: Metric) -> set[str]:

@@ -75,9 +75,11 @@ class HwmonReader:
             name = _read_text(entry / "name")
             if name is None or _is_gpu(entry, name):
                 continue
-            label = chip_label(entry, name)
+            # Directory names are bytes; Python hands undecodable ones over as surrogates, which no exposition can
+            # encode: one odd byte in a device name made every /metrics a 500. Replaced here, once, like file text.
+            label = printable(chip_label(entry, name))
             if label in used:  # two chips at one address should not happen; keep both distinct if it does
-                label = f"{label}-{entry.name}"
+                label = printable(f"{label}-{entry.name}")
             used.add(label)
             chips.append(Chip(entry, name, label, SUPER_IO.match(name) is not None))
         return sorted(chips, key=lambda c: c.label)
@@ -208,6 +210,11 @@ def _sensor_name(chip: Path, key: str, mapping: InputMap | None) -> str:
 
 def _scaled(value: float, mapping: InputMap | None) -> float:
     return value if mapping is None else round(mapping.scale(value), 6)
+
+
+def printable(text: str) -> str:
+    """``text`` with undecodable bytes (surrogate escapes from a file name) as U+FFFD, like errors="replace"."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _read_text(path: Path) -> str | None:

@@ -169,7 +169,8 @@ def run_command(argv: Sequence[str], timeout_s: float) -> str:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
+            encoding="utf-8",
+            errors="replace",  # one non-UTF-8 byte in a BMC sensor name disabled IPMI for good (UnicodeDecodeError)
             start_new_session=True,
         )
     except OSError as exc:
