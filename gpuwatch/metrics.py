@@ -164,6 +164,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     _m("gpuwatch_probe_flops", "gauge", (*GPU, "dtype"), "Median throughput of the last successful probe."),
     _m("gpuwatch_probe_baseline_flops", "gauge", (*GPU, "dtype"), "This GPU's own healthy probe throughput."),
+    _m(
+        "gpuwatch_probe_baseline_previous_flops",
+        "gauge",
+        (*GPU, "dtype"),
+        "The GPU's baseline before its current one (a new driver, engine, BLAS or power limit started a new one).",
+    ),
     _m("gpuwatch_probe_spread_ratio", "gauge", (*GPU, "dtype"), "(p90 - p10) / median of the last probe."),
     _m("gpuwatch_probe_h2d_bytes_per_second", "gauge", GPU, "Pinned host-to-device copy bandwidth."),
     _m("gpuwatch_probe_d2h_bytes_per_second", "gauge", GPU, "Pinned device-to-host copy bandwidth."),

@@ -62,6 +62,22 @@ def test_a_changed_key_re_establishes_the_baseline(tmp_path: Path) -> None:
         feed(b, [690e12] * 5)  # back to the original key: learnt again
 
 
+def test_a_new_key_keeps_the_baseline_it_replaces_so_a_rollout_regression_shows(tmp_path: Path) -> None:
+    """A driver roll-out starts fresh baselines; the one before it stays as ``previous`` (persisted), so the fleet
+    rule can compare a model's new baselines with its old ones — a fresh baseline alone hides the regression."""
+    b = Baselines(tmp_path)
+    feed(b, [690e12] * 5)
+    new_driver = dataclasses.replace(KEY, driver_version="590.10")
+    assert feed(b, [600e12] * 2, key=new_driver).previous_flops == 690e12  # while the new one is learnt
+    assert feed(b, [600e12] * 3, key=new_driver).flops == 600e12
+    again = Baselines(tmp_path).load()[UUID]
+    assert (again.previous_key, again.previous_flops) == (KEY, 690e12)
+    newer = dataclasses.replace(new_driver, blas_version="cublas 13.1")
+    assert feed(b, [610e12], key=newer).previous_key == new_driver  # the last established one, not the oldest
+    newest = dataclasses.replace(newer, engine_version="2.12.0")
+    assert feed(b, [610e12], key=newest).previous_key == new_driver  # newer never established: kept as it was
+
+
 def test_baselines_survive_a_restart(tmp_path: Path) -> None:
     feed(Baselines(tmp_path), [690e12] * 5)
     again = Baselines(tmp_path).load()[UUID]
@@ -142,3 +158,24 @@ def test_a_baseline_file_without_the_uncapped_mark_still_loads(tmp_path: Path) -
     del doc["gpus"][UUID]["uncapped_samples"]
     (tmp_path / BASELINES_FILE).write_text(json.dumps(doc))
     assert b.load()[UUID].flops == 690e12
+
+
+def test_the_previous_baseline_is_exported_beside_the_current_one() -> None:
+    from gpuwatch.probe.results import ProbeBook, export_probe
+
+    book = ProbeBook()
+    book.configure(enabled=True, interval_seconds=600.0)
+    book.set_baseline(UUID, "bf16", 600e12, ("bf16", 690e12))
+    added: dict[str, tuple[tuple[str, ...], object]] = {}
+
+    class Out:
+        def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None:
+            added[name] = (labels, value)
+
+    export_probe(("0", UUID), UUID, book.view(), Out())
+    assert added["gpuwatch_probe_baseline_flops"] == (("0", UUID, "bf16"), 600e12)
+    assert added["gpuwatch_probe_baseline_previous_flops"] == (("0", UUID, "bf16"), 690e12)
+    book.set_baseline(UUID, "bf16", None)  # a reset with nothing before it: neither is exported
+    added.clear()
+    export_probe(("0", UUID), UUID, book.view(), Out())
+    assert "gpuwatch_probe_baseline_previous_flops" not in added

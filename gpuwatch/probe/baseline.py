@@ -3,12 +3,16 @@
 A baseline belongs to a key — dtype, shape, engine and its version, BLAS version, driver version, power limit — and is
 the median of the first 5 steady-state (power-capped) probes under that key: never a maximum (a cold GPU's first
 probe runs ~15 % fast), and never lowered by a degraded run (a probe under 90 % of an established baseline never
-changes it). A new key starts a new baseline. A GPU that never reaches its power limit within warmup_max (a low
-power draw for its limit) would never get one: after UNCAPPED_PROBES_TO_ESTABLISH consecutive uncapped probes its
-baseline is taken from those, under the same key marked ``uncapped`` so a later capped run starts a capped baseline
-instead of mixing with it. The file is read and written under a lock, so the agent and a
-`gpuwatch probe --update-baseline` never lose each other's change; a corrupt or foreign file is moved aside (see
-statefile.read_json) and rebuilt, never fatal.
+changes it). A new key starts a new baseline, and keeps the last established baseline of the keys before it as
+``previous``: a driver or library roll-out that made every GPU of a model slower shows as new baselines below the
+previous ones across the fleet (GpuProbeRegressionFleetwide), which a fresh baseline alone would hide.
+
+A GPU that never reaches its power limit within warmup_max (a low power draw for its limit) would never get one:
+after UNCAPPED_PROBES_TO_ESTABLISH consecutive uncapped probes its baseline is taken from those, under the same key
+marked ``uncapped`` so a later capped run starts a capped baseline instead of mixing with it.
+
+The file is read and written under a lock, so the agent and a `gpuwatch probe --update-baseline` never lose each
+other's change; a corrupt or foreign file is moved aside (see statefile.read_json) and rebuilt, never fatal.
 """
 
 from __future__ import annotations
@@ -65,6 +69,14 @@ class Baseline:
     flops: float | None = None  # None until PROBES_TO_ESTABLISH steady-state probes were seen
     established_timestamp: float | None = None
     uncapped_samples: list[float] = field(default_factory=list)  # the current run of consecutive uncapped probes
+    previous_key: BaselineKey | None = None  # the last key before this one that had an established baseline
+    previous_flops: float | None = None
+
+    def successor(self, key: BaselineKey) -> Baseline:
+        """A fresh baseline under ``key`` that remembers this one (or what this one remembered)."""
+        if self.flops is not None and self.key != key:
+            return Baseline(key, previous_key=self.key, previous_flops=self.flops)
+        return Baseline(key, previous_key=self.previous_key, previous_flops=self.previous_flops)
 
 
 class Baselines:
@@ -120,7 +132,7 @@ class Baselines:
                     note = f"baseline re-established: {key.changes_from(current.key)}"
                 elif current is not None:
                     note = "baseline reset"
-                current = Baseline(key)
+                current = current.successor(key) if current is not None else Baseline(key)
             if steady and current.uncapped_samples:  # the run of consecutive uncapped probes is broken
                 current.uncapped_samples = []
                 changed = True
@@ -157,7 +169,7 @@ class Baselines:
         if current is None or current.key != key:  # a new GPU or a new key: this key starts over
             if current is not None:
                 log.info("GPU %s: baseline re-established: %s", uuid, key.changes_from(current.key))
-            current = Baseline(key)
+            current = current.successor(key) if current is not None else Baseline(key)
         if current.flops is not None:  # a capped baseline exists: an uncapped probe never counts toward it
             entries[uuid] = current
             return None
@@ -168,6 +180,7 @@ class Baselines:
             return None
         samples = current.uncapped_samples[-UNCAPPED_PROBES_TO_ESTABLISH:]
         established = Baseline(replace(key, uncapped=True), samples, statistics.median(samples), timestamp)
+        established.previous_key, established.previous_flops = current.previous_key, current.previous_flops
         entries[uuid] = established
         self._write(entries)
         note = (
@@ -239,6 +252,9 @@ def _parse(entry: Any) -> Baseline | None:
             return None
         samples = [float(x) for x in entry.get("samples", [])]
         flops = entry.get("flops")
+        previous = entry.get("previous_key")  # absent in files written before it existed
+        previous_key = BaselineKey(**previous) if isinstance(previous, dict) else None
+        previous_flops = entry.get("previous_flops")
         established = entry.get("established_timestamp")
         if not isinstance(key.uncapped, bool):
             return None
@@ -248,6 +264,8 @@ def _parse(entry: Any) -> Baseline | None:
             None if flops is None else float(flops),
             None if established is None else float(established),
             [float(x) for x in entry.get("uncapped_samples", [])],
+            previous_key,
+            None if previous_flops is None or previous_key is None else float(previous_flops),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -110,6 +110,7 @@ class ProbeView:
     last_ok: dict[str, ProbeOutcome] = field(default_factory=dict)
     last_any: dict[str, ProbeOutcome] = field(default_factory=dict)
     baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # uuid -> (dtype, FLOP/s)
+    previous_baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # before the current key
 
 
 class ProbeBook:
@@ -134,14 +135,18 @@ class ProbeBook:
                 last_ok[outcome.uuid] = outcome
             self._view = replace(v, runs=runs, last_ok=last_ok, last_any={**v.last_any, outcome.uuid: outcome})
 
-    def set_baseline(self, uuid: str, dtype: str, flops: float | None) -> None:
+    def set_baseline(
+        self, uuid: str, dtype: str, flops: float | None, previous: tuple[str, float] | None = None
+    ) -> None:
+        """The GPU's baseline (None: not established) and the one it had under its previous key."""
         with self._lock:
-            baselines = dict(self._view.baselines)
-            if flops is None:
-                baselines.pop(uuid, None)
-            else:
-                baselines[uuid] = (dtype, flops)
-            self._view = replace(self._view, baselines=baselines)
+            baselines, previous_baselines = dict(self._view.baselines), dict(self._view.previous_baselines)
+            for book, value in ((baselines, None if flops is None else (dtype, flops)), (previous_baselines, previous)):
+                if value is None:
+                    book.pop(uuid, None)
+                else:
+                    book[uuid] = value
+            self._view = replace(self._view, baselines=baselines, previous_baselines=previous_baselines)
 
     def view(self) -> ProbeView:
         with self._lock:
@@ -167,6 +172,9 @@ def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) ->
     baseline = view.baselines.get(uuid)
     if baseline is not None:
         out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])
+    previous = view.previous_baselines.get(uuid)
+    if previous is not None:
+        out.add("gpuwatch_probe_baseline_previous_flops", (*gpu, previous[0]), previous[1])
     last = view.last_ok.get(uuid)
     if last is None or last.measured is None:
         return

@@ -252,7 +252,7 @@ class ProbeRunner:
     def _refresh_baselines(self) -> dict[str, Baseline]:
         baselines = self.baselines.load()
         for uuid, baseline in baselines.items():
-            self._store.probe.set_baseline(uuid, baseline.key.dtype, baseline.flops)
+            self._store.probe.set_baseline(uuid, baseline.key.dtype, baseline.flops, _previous(baseline))
         return baselines
 
     def _outcome(self, identity: GpuIdentity, result: str, reason: str = "", **kw: object) -> ProbeOutcome:
@@ -491,7 +491,7 @@ class ProbeRunner:
         )
         same = baseline is not None and baseline.key in (key, dataclasses.replace(key, uncapped=True))
         flops = baseline.flops if baseline is not None and same else None
-        self._store.probe.set_baseline(identity.uuid, key.dtype, flops)
+        self._store.probe.set_baseline(identity.uuid, key.dtype, flops, _previous(baseline) if same else None)
         if note:
             log.info("probe on GPU %d: %s", identity.index, note)
         passed_over = doc.get("engines_passed_over")
@@ -641,3 +641,10 @@ def agent_probe_runner(
     if not enabled:
         return None
     return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)
+
+
+def _previous(baseline: Baseline | None) -> tuple[str, float] | None:
+    """(dtype, FLOP/s) of the baseline a GPU had before its current key (a driver or library roll-out)."""
+    if baseline is None or baseline.previous_key is None or baseline.previous_flops is None:
+        return None
+    return baseline.previous_key.dtype, baseline.previous_flops
