@@ -138,6 +138,59 @@ def test_violation_status_is_never_called_in_the_fast_poll(release: str) -> None
         assert lib.calls["amdsmi_get_gpu_metrics_info"] == 10
 
 
+class _SocketThermal:
+    """gpu_metrics with the socket held at its thermal limit ``share`` of the time (the rest as the node says)."""
+
+    def __init__(self, share: float) -> None:
+        self.share, self.ticks, self.at = share, 0.0, 0.0
+        self.fill = amdsmi_readings.residency
+
+    def __call__(self, state: Any) -> tuple[int, dict[str, int], dict[str, bool]]:
+        accumulation, ticks, active = self.fill(state)
+        self.ticks += self.share * (state.elapsed - self.at) * amdsmi_readings.ACC_HZ
+        self.at = state.elapsed
+        ticks["socket_thm"], active["socket_thm"] = int(self.ticks), self.share > 0
+        return accumulation, ticks, active
+
+
+@over_releases
+def test_socket_thermal_residency_is_the_firmwares_thermal_control_not_hardware_slowdown(
+    release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """amdsmi.h (amdsmi_gpu_metrics_t): socket_thm_residency_acc is TVIOL, "Socket thermal violation %" =
+    Δsocket_thm_residency_acc x 100 / Δaccumulation_counter: the firmware holding the socket at its own thermal limit,
+    NVIDIA's sw_thermal, not hardware thermal slowdown (NVIDIA's hw_thermal: clocks cut by half or more). amd_smi.cc
+    amdsmi_get_violation_status calls any per_socket_thrm > 0 "active"; a busy MI300X at 92 °C, under its 100 °C
+    limit, sits there a few per cent of the time. So 3 % is counted as sw_thermal seconds but is not active (the
+    backend's floor is 5 % of the poll window), and hw_thermal is never reported; 50 % is active."""
+    residency = _SocketThermal(0.03)
+    monkeypatch.setattr(amdsmi_readings, "residency", residency)
+    hotspot, current = amdsmi_readings.C["AMDSMI_TEMPERATURE_TYPE_HOTSPOT"], amdsmi_readings.C["AMDSMI_TEMP_CURRENT"]
+    read = amdsmi_readings.temperature
+
+    def at_92(spec: Any, state: Any, sensor: int, metric: int) -> int | None:
+        return 92 if (sensor, metric) == (hotspot, current) else read(spec, state, sensor, metric)
+
+    monkeypatch.setattr(amdsmi_readings, "temperature", at_92)
+    with opened(release, "busy", gpus=1) as (backend, _, _, clock):
+        samples = []
+        for step in range(11):
+            clock.t = float(step)
+            samples.append(sample(backend, slow=step == 0))
+        assert samples[-1].temperature_celsius["core"] == 92.0
+        assert samples[-1].temperature_celsius["core"] < samples[-1].temperature_threshold_celsius[("core", "slowdown")]
+        assert samples[-1].throttle_counter_seconds["sw_thermal"] == pytest.approx(0.3, abs=0.02)
+        assert all(s.throttle_active.get("sw_thermal") is False for s in samples[1:])
+        assert all("hw_thermal" not in s.throttle_active for s in samples)
+        assert all("hw_thermal" not in s.throttle_counter_seconds for s in samples)
+        residency.share = 0.5
+        for step in range(11, 14):
+            clock.t = float(step)
+            hot = sample(backend)
+        assert hot.throttle_active["sw_thermal"] is True and "hw_thermal" not in hot.throttle_active
+        assert hot.throttle_counter_seconds["sw_thermal"] == pytest.approx(0.3 + 1.5, abs=0.03)
+
+
 @over_releases
 def test_a_failing_gpu_is_unreadable_while_the_others_are_read(release: str) -> None:
     """A lost GPU answers AMDSMI_STATUS_NOT_FOUND (31) to every call."""

@@ -32,8 +32,8 @@ ALERT_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
     ("gpuwatch_gpu_energy_joules_total", {}),
     ("gpuwatch_gpu_throttle_seconds_total", {"reason": "sw_power_cap"}),
     ("gpuwatch_gpu_throttle_seconds_total", {"reason": "hw_slowdown"}),
-    ("gpuwatch_gpu_throttle_seconds_total", {"reason": "hw_thermal"}),
-    ("gpuwatch_gpu_throttle_active", {"reason": "hw_thermal"}),
+    ("gpuwatch_gpu_throttle_seconds_total", {"reason": "sw_thermal"}),
+    ("gpuwatch_gpu_throttle_active", {"reason": "sw_thermal"}),
     ("gpuwatch_gpu_utilization_ratio", {}),
     ("gpuwatch_gpu_memory_used_bytes", {}),
     ("gpuwatch_gpu_memory_total_bytes", {}),
@@ -47,6 +47,13 @@ ALERT_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
     ("gpuwatch_gpu_pcie_replays_total", {}),
     ("gpuwatch_gpu_pcie_link_recoveries_total", {}),
     ("gpuwatch_gpu_mig_enabled", {}),
+)
+# NVIDIA only: hardware thermal slowdown (clocks cut by half or more). AMD SMI has no such signal: its thermal
+# residencies are the firmware's own temperature control (sw_thermal), and GpuOverheating reads an AMD GPU's hotspot
+# against its slowdown limit instead.
+NVIDIA_ALERT_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("gpuwatch_gpu_throttle_seconds_total", {"reason": "hw_thermal"}),
+    ("gpuwatch_gpu_throttle_active", {"reason": "hw_thermal"}),
 )
 
 
@@ -110,8 +117,10 @@ def others() -> list[int]:
 @scenario("healthy")
 def test_healthy_has_every_alert_series_on_every_gpu(sim: SimAgent) -> None:
     for gpu in range(8):
-        for name, labels in ALERT_SERIES:
+        for name, labels in ALERT_SERIES + (NVIDIA_ALERT_SERIES if vendor_of(sim) == "nvidia" else ()):
             value(sim, name, gpu, **labels)
+        if vendor_of(sim) == "amd":
+            assert all(sim.value(name, gpu, **labels) is None for name, labels in NVIDIA_ALERT_SERIES)
         assert_healthy(sim, gpu)
         assert value(sim, "gpuwatch_gpu_processes", gpu) == 0.0
         assert value(sim, "gpuwatch_gpu_mig_enabled", gpu) == 0.0
@@ -137,11 +146,18 @@ def test_busy_at_the_power_cap_is_healthy(sim: SimAgent) -> None:
 
 @scenario("overheating")
 def test_overheating(sim: SimAgent) -> None:
+    """Past the slowdown limit. NVIDIA: hardware thermal slowdown. AMD: the firmware holds the socket at its thermal
+    limit all the time (socket thermal residency, TVIOL in amdsmi.h: sw_thermal); AMD SMI has no hardware-slowdown
+    signal, so GpuOverheating fires on the hotspot against its slowdown limit."""
     core = value(sim, "gpuwatch_gpu_temperature_celsius", FAULT_GPU, sensor="core")
     assert core >= value(
         sim, "gpuwatch_gpu_temperature_threshold_celsius", FAULT_GPU, sensor="core", threshold="slowdown"
     )
-    assert value(sim, "gpuwatch_gpu_throttle_active", FAULT_GPU, reason="hw_thermal") == 1.0
+    if vendor_of(sim) == "nvidia":
+        assert value(sim, "gpuwatch_gpu_throttle_active", FAULT_GPU, reason="hw_thermal") == 1.0
+    else:
+        assert value(sim, "gpuwatch_gpu_throttle_active", FAULT_GPU, reason="sw_thermal") == 1.0
+        assert sim.value("gpuwatch_gpu_throttle_active", FAULT_GPU, reason="hw_thermal") is None
     before = thermal_seconds(sim, FAULT_GPU)
     assert before > 5.0
     sim.run(10.0)

@@ -20,12 +20,18 @@ seconds (share × the time between polls) and keeps them as the device's own cum
 
     PPT (package power tracking)      ppt_residency_acc          -> sw_power_cap
     PROCHOT (external slowdown)       prochot_residency_acc      -> hw_slowdown
-    socket thermal                    socket_thm_residency_acc   -> hw_thermal
-    HBM thermal                       hbm_thm_residency_acc      -> hw_thermal
-    VR (voltage regulator) thermal    vr_thm_residency_acc       -> hw_thermal
+    socket thermal                    socket_thm_residency_acc   -> sw_thermal
+    HBM thermal                       hbm_thm_residency_acc      -> sw_thermal
+    VR (voltage regulator) thermal    vr_thm_residency_acc       -> sw_thermal
     (no power-brake signal on AMD: hw_power_brake is never reported)
 
-The three thermal causes overlap in time, so hw_thermal takes the largest of their shares, never their sum.
+The thermal residencies are the firmware keeping the socket, its HBM and its voltage regulators at their own
+temperature limits (amdsmi.h calls socket thermal "TVIOL", a violation % of the time): NVIDIA's software thermal
+slowdown. NVIDIA's hw_thermal is something else, the hardware cutting the clocks by half or more past its slowdown
+temperature; AMD SMI has no such signal, so hw_thermal is never reported (an AMD GPU past its slowdown limit shows
+as a hotspot temperature at or above ``threshold="slowdown"``). The three causes overlap in time, so sw_thermal takes
+the largest of their shares, never their sum. A reason is ``throttle_active`` only when it held the clocks at least
+ACTIVE_SHARE of the time since the last poll (see there); its seconds count every tick.
 
 Compute partitions (MI300X CPX / NPS modes) show one processor handle per partition, each repeating the socket's
 power, energy, temperatures, limits, ECC, PCIe and XGMI readings; only partition 0 of a socket exports those, so
@@ -71,11 +77,20 @@ _PCIE_GENERATION_MTS = ((1, 2500), (2, 5000), (3, 8000), (4, 16000), (5, 32000),
 _RESIDENCY = (
     ("ppt_residency_acc", "acc_ppt_pwr", "sw_power_cap"),
     ("prochot_residency_acc", "acc_prochot_thrm", "hw_slowdown"),
-    ("socket_thm_residency_acc", "acc_socket_thrm", "hw_thermal"),
-    ("hbm_thm_residency_acc", "acc_hbm_thrm", "hw_thermal"),
-    ("vr_thm_residency_acc", "acc_vr_thrm", "hw_thermal"),
+    ("socket_thm_residency_acc", "acc_socket_thrm", "sw_thermal"),
+    ("hbm_thm_residency_acc", "acc_hbm_thrm", "sw_thermal"),
+    ("vr_thm_residency_acc", "acc_vr_thrm", "sw_thermal"),
 )
-THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "hw_thermal")
+THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "sw_thermal")
+# The share of the time between two polls a reason must have held the clocks to be ``throttle_active``. AMD's own
+# "active" (amd_smi.cc amdsmi_get_violation_status: active_* = per_* > 0, whole per cent over a ~100 ms window) is
+# set by a single firmware tick, and a busy MI300X's firmware regulates at its temperature and power limits a few
+# per cent of the time as a matter of course: a flag that any tick sets would read "throttled" on every healthy
+# GPU, which is not what the same flag means on NVIDIA (a reason asserted at the moment of the poll). 5 %: clocks
+# held down less than that cannot cost the GPU more than that share of its throughput, and gpuwatch judges a GPU
+# slow only from 5 % below its own baseline (gpuwatch:threshold:probe_baseline_ratio 0.95; the probe repeats within
+# 1 %). The seconds (gpuwatch_gpu_throttle_seconds_total) count every tick; only the flag has this floor.
+ACTIVE_SHARE = 0.05
 
 
 class _Unavailable(Exception):
@@ -581,7 +596,7 @@ class AmdSmiBackend:
                     shares[reason] = max(shares[reason], share)  # thermal causes overlap: the largest, not the sum
             for reason, share in shares.items():
                 residency.seconds[reason] += share * elapsed
-                residency.active[reason] = share > 0
+                residency.active[reason] = share >= ACTIVE_SHARE
         residency.accumulation, residency.counters, residency.at = int(accumulation), dict(counters), now
 
 
