@@ -85,6 +85,43 @@ def test_inhibition_targets_carry_the_labels_they_are_matched_on() -> None:
     assert checked >= 5
 
 
+# NVIDIA's XID catalogue (https://docs.nvidia.com/deploy/xid-errors/, "Resolution Bucket (Immediate Action)"): the
+# application errors (RESTART_APP / IGNORE, the program's fault) and the codes whose action resets the GPU or reboots
+# the node (RESET_GPU, RESTART_BM, and the XID 48 and NVLink workflows).
+APPLICATION_XIDS = {"13", "31", "43", "45", "68"}
+RESET_OR_REBOOT_XIDS = {"46", "48", "62", "64", "74", "79", "95", "109", "110", "119", "120", "136", "140", "143"}
+RESET_OR_REBOOT_XIDS |= {str(code) for code in range(144, 151)} | {"155", "156", "158"}
+
+
+def _xid_matcher(expr: str) -> tuple[str, str]:
+    import re
+
+    found = re.search(r'gpuwatch_gpu_xid_last_timestamp_seconds\{xid(=~|!~)"([^"]+)"\}', expr)
+    assert found is not None, expr
+    return found.group(1), found.group(2)
+
+
+def test_every_xid_but_the_application_ones_alerts_exactly_once() -> None:
+    """A deny-list, not an allow-list: every code the kernel-log reader can export (1-999, and "other" for the rest)
+    raises exactly one of GpuXidCritical and GpuXidWarning, except the application XIDs, which raise neither; the
+    codes NVIDIA resets or reboots for are critical, contained ECC (94) and row remap recorded (63) are not."""
+    import re
+
+    rules = {r["alert"]: r for r in shipped_alert_rules()}
+    (crit_op, crit), (warn_op, warn) = (_xid_matcher(rules[n]["expr"]) for n in ("GpuXidCritical", "GpuXidWarning"))
+    assert (crit_op, warn_op) == ("=~", "!~"), "GpuXidWarning must select by exclusion"
+    silent = set()
+    for xid in [str(code) for code in range(1, 1000)] + ["other"]:
+        critical = re.fullmatch(crit, xid) is not None
+        warning = re.fullmatch(warn, xid) is None
+        assert not (critical and warning), f"XID {xid} raises both alerts"
+        if not (critical or warning):
+            silent.add(xid)
+    assert silent == APPLICATION_XIDS
+    assert all(re.fullmatch(crit, xid) for xid in RESET_OR_REBOOT_XIDS)
+    assert not any(re.fullmatch(crit, xid) for xid in ("63", "92", "94", "121", "154", "other"))
+
+
 def test_synthetic_rule_tests(tmp_path: Path) -> None:
     write_rules_without_annotations(tmp_path)
     shutil.copy(PROM_DIR / "tests" / "gpuwatch-alerts-test.yml", tmp_path / "test.yml")
@@ -181,7 +218,10 @@ def test_agent_restart_resets_counters_without_alerts(tmp_path: Path, scenario: 
 
 def _run_promtool(tmp_path: Path, tests: list[dict[str, Any]]) -> None:
     write_rules_without_annotations(tmp_path)
-    doc = {"rule_files": ["gpuwatch-rules.yml", "gpuwatch-alerts.yml"], "evaluation_interval": f"{SCRAPE_S}s"}
+    doc: dict[str, Any] = {
+        "rule_files": ["gpuwatch-rules.yml", "gpuwatch-alerts.yml"],
+        "evaluation_interval": f"{SCRAPE_S}s",
+    }
     doc["tests"] = tests
     (tmp_path / "recorded-test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     result = promtool("test", "rules", "recorded-test.yml", cwd=tmp_path)

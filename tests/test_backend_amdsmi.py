@@ -97,6 +97,34 @@ def test_na_strings_are_left_out_never_zero(release: str, monkeypatch: pytest.Mo
 
 
 @over_releases
+def test_zero_degrees_is_not_available_never_a_reading_or_limit(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """amd-smi shows 0 °C as N/A: `amd-smi static --limit` turns an edge slowdown or shutdown limit of 0 into "N/A"
+    (ROCm/amdsmi amdsmi_cli/amdsmi_commands.py:487-502 at 0ceca28, `if slowdown_temp_edge_limit == 0: ... "N/A"`), and
+    `amd-smi metric --temperature` shows the edge temperature as N/A while its limit is 0 (:1800-1802, "If edge limit
+    is reporting 0 then set the current edge temp to N/A"). amdsmi_get_temp_metric hands the library's int64 through
+    unchecked (amdsmi_interface.py:4361-4382), so the backend must: a 0 °C slowdown limit would make `temperature >=
+    threshold` (GpuOverheating) true on a healthy GPU, and a 0 °C reading is a sensor that is not there."""
+    c = amdsmi_readings.C
+    edge, hotspot, vram = (c[f"AMDSMI_TEMPERATURE_TYPE_{n}"] for n in ("EDGE", "HOTSPOT", "VRAM"))
+    current, critical = c["AMDSMI_TEMP_CURRENT"], c["AMDSMI_TEMP_CRITICAL"]
+    answers = {(hotspot, critical): 0, (vram, current): 0, (edge, current): 41, (edge, critical): 0}
+    read = amdsmi_readings.temperature
+
+    def zeros(spec: Any, state: Any, sensor: int, metric: int) -> int | None:
+        return answers.get((sensor, metric), read(spec, state, sensor, metric))
+
+    monkeypatch.setattr(amdsmi_readings, "temperature", zeros)
+    with opened(release) as (backend, _, _, _clock):
+        found = sample(backend, slow=True)
+    assert ("core", "slowdown") not in found.temperature_threshold_celsius
+    assert found.temperature_threshold_celsius[("core", "shutdown")] > 0  # the others are read as before
+    assert found.temperature_threshold_celsius[("memory", "max_operating")] > 0
+    assert "memory" not in found.temperature_celsius and "edge" not in found.temperature_celsius
+    assert found.temperature_celsius["core"] > 0
+    assert 0.0 not in found.temperature_celsius.values() and 0.0 not in found.temperature_threshold_celsius.values()
+
+
+@over_releases
 def test_bytes_amdsmi_cannot_decode_cost_that_value_not_the_gpu(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """amdsmi's Python decodes the library's strings itself (amdsmi_interface.py:2748 board_info's product_serial
     ``.decode("utf-8")``): a corrupt FRU EEPROM raises UnicodeDecodeError, not an AmdSmiException. The GPU is still

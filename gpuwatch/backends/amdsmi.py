@@ -125,6 +125,7 @@ class _Gpu:
     kept: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))
     residency: _Residency = field(default_factory=_Residency)
     xgmi_links: int = 0
+    edge_limit_zero: bool = False  # an edge limit of 0: amd-smi shows the edge temperature as N/A (see _celsius)
     needs_static: bool = True
     needs_slow: bool = True
 
@@ -437,8 +438,10 @@ class AmdSmiBackend:
                 (("core", "shutdown"), temp_type.HOTSPOT, metric.EMERGENCY),
                 (("memory", "max_operating"), temp_type.VRAM, metric.CRITICAL),
             ):
-                if (celsius := _number(self._call(gpu, "amdsmi_get_temp_metric", sensor, limit))) is not None:
+                if (celsius := _celsius(self._call(gpu, "amdsmi_get_temp_metric", sensor, limit))) is not None:
                     static.temperature_threshold_celsius[key] = celsius
+            edge_limit = self._call(gpu, "amdsmi_get_temp_metric", temp_type.EDGE, metric.CRITICAL)
+            gpu.edge_limit_zero = _number(edge_limit) == 0
             pcie = self._dict(gpu, "amdsmi_get_pcie_info").get("pcie_static")
             if isinstance(pcie, dict):
                 if (width := _number(pcie.get("max_pcie_width"))) is not None:
@@ -549,7 +552,9 @@ class AmdSmiBackend:
     def _read_thermal_power(self, gpu: _Gpu, sample: GpuSample) -> None:
         temp_type, current = self._lib.AmdSmiTemperatureType, self._lib.AmdSmiTemperatureMetric.CURRENT
         for sensor, kind in (("core", temp_type.HOTSPOT), ("edge", temp_type.EDGE), ("memory", temp_type.VRAM)):
-            if (celsius := _number(self._call(gpu, "amdsmi_get_temp_metric", kind, current))) is not None:
+            if sensor == "edge" and gpu.edge_limit_zero:
+                continue
+            if (celsius := _celsius(self._call(gpu, "amdsmi_get_temp_metric", kind, current))) is not None:
                 sample.temperature_celsius[sensor] = celsius
         power = self._dict(gpu, "amdsmi_get_power_info")
         for key in ("socket_power", "current_socket_power", "average_socket_power"):  # 7.0, MI300+, older
@@ -613,6 +618,15 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _celsius(value: Any) -> float | None:
+    """A temperature or temperature limit; 0 °C is not available. amd-smi prints a limit of 0 as N/A, and the edge
+    temperature as N/A while its limit is 0 (ROCm/amdsmi amdsmi_cli/amdsmi_commands.py, `amd-smi static --limit`
+    and `amd-smi metric --temperature`): a sensor or limit the board lacks reads 0. A 0 °C limit exported would make
+    `temperature >= threshold` true on a healthy GPU."""
+    celsius = _number(value)
+    return None if celsius == 0 else celsius
 
 
 def _text(value: Any) -> str:

@@ -24,6 +24,7 @@ COMPUTE_UNITS = 304
 # The amdsmi.h enum values this library reads or writes (tests/test_amdsmi_conformance.py holds them to each
 # release's wrapper).
 C: dict[str, int] = {
+    "AMDSMI_TEMPERATURE_TYPE_EDGE": 0,
     "AMDSMI_TEMPERATURE_TYPE_HOTSPOT": 1,
     "AMDSMI_TEMPERATURE_TYPE_VRAM": 2,
     "AMDSMI_TEMP_CURRENT": 0,
