@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""The agent under attack, on 127.0.0.1 only: big headers, trickling clients, wrong passwords and forged XIDs, each
+for a bounded time, while a scraper with the right credentials scrapes /metrics once a second.
+
+Run by hand, never by the test suite (tests/test_hostile_*.py check the behaviour). It starts the agent as a child
+process under the systemd unit's descriptor limit (RLIMIT_NOFILE 1024, as LimitNOFILE=1024), on a simulated 8-GPU
+node with basic auth (bcrypt cost 12) and a fake kernel log file it reads XIDs from, then runs each phase in turn:
+
+    baseline   no attack
+    headers    300 connections, each sending 98 headers of 65 KB, a header every 50 ms (reconnecting when cut off)
+    trickle    1,100 connections sending one byte a second (reconnecting when closed)
+    passwords  32 clients sending wrong passwords as fast as they are answered
+    xids       10,000 forged XIDs written to the kernel log (user-space writes, segfault lines, absurd codes)
+
+and reports per phase: the scraper's p50/p99/max latency and failures, the agent's peak RSS and threads, the size
+of /metrics, and how many tracebacks the agent logged. Exit 1 when a goal is missed: scraper p99 <= 50 ms with no
+failure, RSS <= 100 MiB, /metrics no larger than at baseline (+10 %), no traceback.
+
+    .venv/bin/python benchmarks/attack.py                  # 20 s per phase
+    .venv/bin/python benchmarks/attack.py --duration 30 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import resource
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_cost import free_port, percentile, run_guarded
+
+HOST = "127.0.0.1"  # every connection of this script goes here, never elsewhere
+USER, PASSWORD = "prometheus", "scraper-secret"
+GOALS = {"p99_ms": 50.0, "rss_mib": 100.0}
+
+AGENT = """
+import resource, sys, time
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))  # LimitNOFILE=1024, as the unit
+from gpuwatch.agent import Agent, build_sources
+from gpuwatch.config import load_config
+from gpuwatch.kmsg import KernelLogXidReader
+import logging
+logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+port, state, kmsg, web = sys.argv[1:5]
+config = load_config(None, {"agent": {"backend": "simulated", "listen": f"127.0.0.1:{port}", "state_dir": state,
+                                      "web_config": web}, "probe": {"interval_seconds": 0.0}})
+sources = build_sources(config)
+sources.kernel_log = KernelLogXidReader(Path(kmsg), boot_time=time.time() - 3600)
+agent = Agent(config, sources)
+agent.start()
+print("ready", flush=True)
+agent.run_until_signalled()
+agent.stop()
+"""
+
+
+SCRAPER = """
+import http.client, json, sys, time
+port, auth, duration = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+latencies, failures, size = [], [], 0
+end = time.monotonic() + duration
+while time.monotonic() < end:
+    time.sleep(1.0 - (time.monotonic() % 1.0))
+    started = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics", headers={"Authorization": auth, "Connection": "close"})
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        if response.status != 200:
+            failures.append(f"HTTP {response.status}")
+            continue
+        size = len(body)
+        latencies.append(time.perf_counter() - started)
+    except OSError as exc:
+        failures.append(type(exc).__name__)
+print(json.dumps({"latencies": latencies, "failures": failures, "size": size}))
+"""
+
+
+class Scraper:
+    """GET /metrics with the right credentials once a second, from a process of its own (the attackers' threads
+    share this one's GIL and would add their own delay to the measured latency)."""
+
+    def __init__(self, port: int, duration: float) -> None:
+        auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SCRAPER, str(port), auth, str(duration)], stdout=subprocess.PIPE, text=True
+        )
+
+    def result(self) -> dict[str, Any]:
+        out, _ = self.proc.communicate(timeout=60)
+        return dict(json.loads(out))
+
+
+def big_headers(port: int, stop: threading.Event, connections: int = 300) -> Callable[[], None]:
+    header = b"X-Big: " + b"a" * 65_000 + b"\r\n"
+
+    def one() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection((HOST, port), timeout=5) as sock:
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    for _ in range(98):
+                        if stop.wait(0.05):
+                            return
+                        sock.sendall(header)
+            except OSError:
+                stop.wait(0.05)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    return lambda: [t.join(10) for t in threads] and None
+
+
+def trickle(port: int, stop: threading.Event, connections: int = 1100) -> Callable[[], None]:
+    """One selector thread for all of them: the attacker's side must not be the bottleneck."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+
+    def run() -> None:
+        sel = selectors.DefaultSelector()
+        socks: list[socket.socket] = []
+        payload = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Trickle: " + b"a" * 10_000
+        sent: dict[int, int] = {}
+        while not stop.is_set():
+            while len(socks) < connections and not stop.is_set():
+                try:
+                    sock = socket.create_connection((HOST, port), timeout=2)
+                except OSError:
+                    break
+                sock.setblocking(False)
+                socks.append(sock)
+                sent[id(sock)] = 0
+            alive = []
+            for sock in socks:
+                try:
+                    i = sent[id(sock)]
+                    sock.send(payload[i : i + 1])
+                    sent[id(sock)] = i + 1
+                    alive.append(sock)
+                except OSError:
+                    sock.close()
+            socks = alive
+            stop.wait(1.0)
+        for sock in socks:
+            sock.close()
+        sel.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return lambda: thread.join(10)
+
+
+def wrong_passwords(port: int, stop: threading.Event, clients: int = 32) -> Callable[[], None]:
+    def one(n: int) -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            auth = "Basic " + base64.b64encode(f"{USER}:guess-{n}-{k}".encode()).decode()
+            try:
+                conn = http.client.HTTPConnection(HOST, port, timeout=10)
+                conn.request("GET", "/metrics", headers={"Authorization": auth, "Connection": "close"})
+                conn.getresponse().read()
+                conn.close()
+            except OSError:
+                stop.wait(0.01)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    return lambda: [t.join(15) for t in threads] and None
+
+
+def forged_xids(kmsg: Path, stop: threading.Event, duration: float, count: int = 10_000) -> Callable[[], None]:
+    """User-space writes (facility LOG_USER), kernel segfault lines quoting a file name, and absurd codes."""
+
+    def run() -> None:
+        seq = 1_000_000
+        with open(kmsg, "a") as f:
+            for n in range(count):
+                if stop.is_set():
+                    break
+                seq += 1
+                bus = f"0000:{(n % 8) + 0x18:02x}:00"
+                kind = n % 3
+                if kind == 0:  # echo 'NVRM: Xid ...' > /dev/kmsg as any user: prefix 12 = LOG_USER | warning
+                    line = f"12,{seq},{seq},-;NVRM: Xid (PCI:{bus}): {n % 997 + 1}, pid=1, name=x, forged"
+                elif kind == 1:  # a segfault in a file named like an XID report
+                    line = f"6,{seq},{seq},-;x[1]: segfault at 0 ip 0 sp 0 error 4 in NVRM: Xid (PCI:{bus}): 79, f[0+1]"
+                else:  # at kernel facility but an absurd code: folded into xid="other", never a new series each
+                    line = f"4,{seq},{seq},-;NVRM: Xid (PCI:{bus}): {10**6 + n}, pid=1, name=x"
+                f.write(line + "\n")
+                if n % 100 == 99:
+                    f.flush()
+                    stop.wait(duration / (count / 100) * 0.9)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return lambda: thread.join(10)
+
+
+def phase(
+    name: str, port: int, agent: psutil.Process, duration: float, start: Callable[[threading.Event], Any]
+) -> dict[str, Any]:
+    stop = threading.Event()
+    join = start(stop) if start is not None else None
+    time.sleep(min(2.0, duration / 5))  # let the attack build up before the scraper starts
+    scraper = Scraper(port, duration)
+    rss, threads = 0, 0
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        try:
+            rss = max(rss, agent.memory_info().rss)
+            threads = max(threads, agent.num_threads())
+        except psutil.Error:
+            break
+        time.sleep(0.25)
+    scraped = scraper.result()
+    stop.set()
+    if join is not None:
+        join()
+    lat = sorted(scraped["latencies"])
+    return {
+        "phase": name,
+        "scrapes": len(lat) + len(scraped["failures"]),
+        "failures": len(scraped["failures"]),
+        "p50_ms": round(percentile(lat, 0.5) * 1000, 1) if lat else None,
+        "p99_ms": round(percentile(lat, 0.99) * 1000, 1) if lat else None,
+        "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "rss_mib": round(rss / 2**20, 1),
+        "threads": threads,
+        "metrics_bytes": scraped["size"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="gpuwatch-attack-") as tmp:
+        tmpdir = Path(tmp)
+        state = tmpdir / "state"
+        state.mkdir(mode=0o700)
+        kmsg = tmpdir / "kmsg"
+        kmsg.write_text("")
+        web = tmpdir / "web.yml"
+        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=12)).decode()
+        web.write_text(f"basic_auth_users:\n  {USER}: '{hashed}'\n")
+        port = free_port()
+        log = open(tmpdir / "agent.log", "w+")  # noqa: SIM115  (read back after the agent stopped)
+        child = subprocess.Popen(
+            [sys.executable, "-c", AGENT, str(port), str(state), str(kmsg), str(web)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                log.seek(0)
+                print(f"attack: the agent did not start:\n{log.read()}", file=sys.stderr)
+                return 1
+            agent = psutil.Process(child.pid)
+            time.sleep(2.0)
+            Scraper(port, 1.5).result()  # the first scrape pays the one bcrypt check; its credentials are then cached
+            d = args.duration
+            phases = [
+                phase("baseline", port, agent, min(d, 10.0), None),
+                phase("headers (300 conn.)", port, agent, d, lambda s: big_headers(port, s)),
+                phase("trickle (1,100 conn.)", port, agent, d, lambda s: trickle(port, s)),
+                phase("passwords (32 clients)", port, agent, d, lambda s: wrong_passwords(port, s)),
+                phase("xids (10,000 forged)", port, agent, d, lambda s: forged_xids(kmsg, s, d)),
+            ]
+        finally:
+            child.terminate()
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        log.seek(0)
+        agent_log = log.read()
+        log.close()
+    tracebacks = agent_log.count("Traceback")
+    baseline_size = phases[0]["metrics_bytes"]
+    ok = tracebacks == 0
+    for p in phases:
+        p["ok"] = (
+            p["failures"] == 0
+            and p["p99_ms"] is not None
+            and p["p99_ms"] <= GOALS["p99_ms"]
+            and p["rss_mib"] <= GOALS["rss_mib"]
+            and p["metrics_bytes"] <= baseline_size * 1.1
+        )
+        ok = ok and p["ok"]
+    if args.json:
+        print(json.dumps({"phases": phases, "tracebacks": tracebacks, "ok": ok}, indent=2))
+    else:
+        print(
+            "| phase | scrapes | failures | p50 ms | p99 ms | max ms | agent RSS MiB (peak) | threads (peak) "
+            "| /metrics bytes |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for p in phases:
+            print(
+                f"| {p['phase']} | {p['scrapes']} | {p['failures']} | {p['p50_ms']} | {p['p99_ms']} | {p['max_ms']} "
+                f"| {p['rss_mib']} | {p['threads']} | {p['metrics_bytes']} |"
+            )
+        print(f"\ntracebacks in the agent's log: {tracebacks}; goals {'met' if ok else 'MISSED'}")
+        warnings = [line for line in agent_log.splitlines() if line.startswith("WARNING")]
+        print(f"agent warnings: {len(warnings)}" + "".join(f"\n  {w[:160]}" for w in warnings[:8]))
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per attack phase (default 20)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    return run_guarded("attack", "the agent was stopped", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
