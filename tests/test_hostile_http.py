@@ -83,7 +83,7 @@ def test_a_head_over_the_limit_is_431_even_in_small_lines(server: HttpServer) ->
 
 
 def test_big_headers_on_many_connections_leave_memory_bounded() -> None:
-    """An agent (in this process): 60 connections each offer 40 × 60 KB of headers; its RSS grows by far less than that."""
+    """The agent (in this process): 60 connections offer 40 × 60 KB of headers each; its RSS grows far less."""
     import tempfile
 
     from reliability_agent import LiveAgent, wait_for
