@@ -12,6 +12,14 @@ is driven from the test thread while the agent's threads call in, so every metho
     node.faults.lose_gpu(3); node.faults.restore_gpu(3)  # falls off the bus; the driver reload brings it back
     node.faults.set_library_missing(True)                 # init fails as if the driver were not installed
     node.faults.emit_xid(2, 79)                           # an XID event now
+
+NVIDIA-shaped answers beyond failing calls (the simulated libnvidia-ml consults them):
+
+    node.faults.field(NVML_FI_DEV_MEMORY_TEMP, timestamp=0)               # "success" without data
+    node.faults.field(NVML_FI_DEV_PERF_POLICY_THERMAL, code=NVML_ERROR_NOT_SUPPORTED)  # per-field nvmlReturn
+    node.faults.field(269, value=2_000_000_000, value_type=NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, gpu=0)
+    node.faults.set_nvlink_errors(0, 1, NVML_NVLINK_ERROR_DL_CRC_FLIT, 12)  # what a link's error counter reads
+    node.faults.hold_clock_event_reasons(0, nvmlClocksThrottleReasonBoardLimit)  # a reason bit held active
 """
 
 from __future__ import annotations
@@ -33,6 +41,22 @@ class FailRule:
     gpu: int | None = None
     rate: float = 1.0
     times: int | None = None  # None = for ever; counts down and the rule disappears at 0
+
+
+@dataclass(slots=True)
+class FieldRule:
+    """How nvmlDeviceGetFieldValues answers `field_id` (the driver's own numbering, as the caller asks for it), on
+    `gpu` when set. `code` is a per-field nvmlReturn (the call itself succeeds); otherwise the field answers
+    success, with `value` of `value_type` (the nvmlValueType_t), stamped `timestamp` (µs; 0 = not filled, the
+    H100 quirk). Each part left None keeps the driver's own answer; a timestamp left None is the time of the read
+    where a value is given."""
+
+    field_id: int
+    gpu: int | None = None
+    code: int | None = None
+    value: float | None = None
+    value_type: int | None = None
+    timestamp: int | None = None
 
 
 @dataclass(slots=True)
@@ -67,6 +91,9 @@ class FaultInjector:
         self._lost: dict[int, bool] = {}
         self._library_missing: bool | None = None  # None: as the scenario says
         self._nvlink_down: set[tuple[int, int]] = set()
+        self._nvlink_errors: dict[tuple[int, int, int], int | None] = {}  # (gpu, link, counter) -> count
+        self._field_rules: list[FieldRule] = []
+        self._held_reasons: dict[int, int] = {}  # gpu -> clock event reason bits held active
 
     # --- GPUs falling off the bus -------------------------------------------------------------------------
     def lose_gpu(self, index: int) -> None:
@@ -122,11 +149,13 @@ class FaultInjector:
             self._fail_rules.append(rule)
         return rule
 
-    def remove(self, rule: FailRule | HangRule) -> None:
+    def remove(self, rule: FailRule | HangRule | FieldRule) -> None:
         """Withdraw one rule (a hang rule also releases the calls it holds)."""
         with self._lock:
             if isinstance(rule, FailRule):
                 self._fail_rules = [r for r in self._fail_rules if r is not rule]
+            elif isinstance(rule, FieldRule):
+                self._field_rules = [r for r in self._field_rules if r is not rule]
             else:
                 self._hang_rules = [r for r in self._hang_rules if r is not rule]
         if isinstance(rule, HangRule):
@@ -184,6 +213,59 @@ class FaultInjector:
         with self._lock:
             return (index, link) in self._nvlink_down
 
+    def set_nvlink_errors(self, index: int, link: int, counter: int, count: int | None) -> None:
+        """What one error counter of one NVLink reads (`counter`: an nvmlNvLinkErrorCounter_t such as
+        NVML_NVLINK_ERROR_DL_CRC_FLIT); None makes that counter answer NotSupported, as a counter the link does
+        not keep does. Only meaningful on a node built with nvlink=True (other links' counters read 0)."""
+        self._check_gpu(index)
+        with self._lock:
+            self._nvlink_errors[(index, link, counter)] = count
+        self._on_change()
+
+    def nvlink_errors(self, index: int, link: int, counter: int) -> int | None:
+        """The counter's value (0 unless set), None for NotSupported."""
+        with self._lock:
+            return self._nvlink_errors.get((index, link, counter), 0)
+
+    def hold_clock_event_reasons(self, index: int, mask: int) -> None:
+        """Hold these clock event reason bits active on a GPU on top of what the scenario causes (0 lets go), e.g.
+        nvmlClocksThrottleReasonBoardLimit on a board whose driver reports the newer bits."""
+        self._check_gpu(index)
+        with self._lock:
+            self._held_reasons[index] = mask
+        self._on_change()
+
+    def held_clock_event_reasons(self, index: int) -> int:
+        with self._lock:
+            return self._held_reasons.get(index, 0)
+
+    # --- field values -------------------------------------------------------------------------------------------
+    def field(
+        self,
+        field_id: int,
+        *,
+        code: int | None = None,
+        value: float | None = None,
+        value_type: int | None = None,
+        timestamp: int | None = None,
+        gpu: int | None = None,
+    ) -> FieldRule:
+        """Make nvmlDeviceGetFieldValues answer `field_id` so (see FieldRule); the newest rule for a field wins.
+        Returns the rule (for remove())."""
+        if gpu is not None:
+            self._check_gpu(gpu)
+        rule = FieldRule(field_id, gpu, code, value, value_type, timestamp)
+        with self._lock:
+            self._field_rules.append(rule)
+        return rule
+
+    def field_rule(self, field_id: int, gpu: int) -> FieldRule | None:
+        """The rule for this field of this GPU, None to answer as the driver would."""
+        with self._lock:
+            return next(
+                (r for r in reversed(self._field_rules) if r.field_id == field_id and r.gpu in (None, gpu)), None
+            )
+
     def emit_xid(self, index: int, xid: int) -> None:
         """An XID error on that GPU now (delivered to event sets registered for XID events)."""
         self._check_gpu(index)
@@ -201,6 +283,9 @@ class FaultInjector:
             self._lost.clear()
             self._library_missing = None
             self._nvlink_down.clear()
+            self._nvlink_errors.clear()
+            self._field_rules.clear()
+            self._held_reasons.clear()
         self.release()
         self._on_change()
 

@@ -20,7 +20,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from ctypes import POINTER, c_int, c_int32, c_uint, c_ulonglong, c_void_p, cast
 from typing import Any, TypeVar
 
@@ -179,6 +179,10 @@ class SimulatedLibNvml:
     `latency_scale` > 0 makes calls sleep that share of what they took on the H100 (off by default: tests stay
     fast). `hw_counter_quirk` chooses how the HW thermal / power-brake counter fields behave (nvml_fields.py).
     `driver_version` overrides the node's, for the differences between driver releases (field numbering).
+    `missing_symbols` are C functions this library lacks (an older driver): looking one up fails as dlsym does,
+    and pynvml raises FunctionNotFound. `supported_clocks_event_reasons` is the mask
+    nvmlDeviceGetSupportedClocksEventReasons answers (default the H100 fixture's 511, without the newer
+    BoardLimit and Reliability bits).
     """
 
     def __init__(
@@ -188,10 +192,16 @@ class SimulatedLibNvml:
         latency_scale: float = 0.0,
         hw_counter_quirk: HwCounterQuirk = "until_active",
         driver_version: str | None = None,
+        missing_symbols: Iterable[str] = (),
+        supported_clocks_event_reasons: int = _SUPPORTED_REASONS,
     ) -> None:
         self.driver = _Driver(node, latency_scale, hw_counter_quirk, driver_version)
+        self.driver.supported_reasons = supported_clocks_event_reasons
+        missing = frozenset(missing_symbols)
         self._functions: dict[str, Any] = {}
         for name, (argtypes, method) in _PROTOTYPES.items():
+            if name in missing:
+                continue
             restype = c_void_p if name == "nvmlErrorString" else c_int
             implementation = _guarded(name, self.driver, getattr(self.driver, method))
             self._functions[name] = ctypes.CFUNCTYPE(restype, *argtypes)(implementation)
@@ -233,6 +243,7 @@ class _Driver:
         self._lock = threading.Lock()
         self.calling = threading.local()  # .symbol: the C function being called, for fault injection
         self._refcount = 0
+        self.supported_reasons = _SUPPORTED_REASONS
         # One small block of memory per GPU: its address is the GPU's nvmlDevice_t, as in the driver.
         self._device_memory = [ctypes.create_string_buffer(8) for _ in range(node.gpu_count)]
         self._device_by_address = {ctypes.addressof(m): i for i, m in enumerate(self._device_memory)}
@@ -490,15 +501,16 @@ class _Driver:
 
     @_export(_P, _P, names=("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
     def nvmlDeviceGetCurrentClocksEventReasons(self, device: int, out: int) -> None:
-        _, state = self._gpu(
+        spec, state = self._gpu(
             "nvmlDeviceGetCurrentClocksEventReasons", device, "nvmlDeviceGetCurrentClocksThrottleReasons"
         )
-        _write(out, c_ulonglong, _reason_mask(state.throttle_active))
+        held = self.node.faults.held_clock_event_reasons(spec.index)
+        _write(out, c_ulonglong, _reason_mask(state.throttle_active) | held)
 
     @_export(_P, _P, names=("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons"))
     def nvmlDeviceGetSupportedClocksEventReasons(self, device: int, out: int) -> None:
         self._spec("nvmlDeviceGetSupportedClocksEventReasons", device, "nvmlDeviceGetSupportedClocksThrottleReasons")
-        _write(out, c_ulonglong, _SUPPORTED_REASONS)
+        _write(out, c_ulonglong, self.supported_reasons)
 
     @_export(_P, c_uint, _P)
     def nvmlDeviceGetViolationStatus(self, device: int, policy_type: int, out: int) -> None:
@@ -726,7 +738,10 @@ class _Driver:
         _check_link(spec, link)
         if not 0 <= counter < c.NVML_NVLINK_ERROR_COUNT:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
-        _write(out, c_ulonglong, 0)
+        count = self.node.faults.nvlink_errors(spec.index, link, counter)
+        if count is None:
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+        _write(out, c_ulonglong, count)
 
     # --- field values --------------------------------------------------------------------------------------------
     @_export(_P, c_int32, _P)
@@ -738,7 +753,8 @@ class _Driver:
         array = cast(values, POINTER(nvmlFieldValue_t))
         answers = (array[i] for i in range(count))
         spec, state = self.node.spec(index), self.node.state(index)
-        fill_field_values(answers, spec, state, self._hw_counter_quirk, field_numbering(self.driver_version))
+        numbering = field_numbering(self.driver_version)
+        fill_field_values(answers, spec, state, self._hw_counter_quirk, numbering, self.node.faults)
 
     # --- events --------------------------------------------------------------------------------------------------
     @_export(_P)

@@ -3,17 +3,21 @@
 Reproduces what the H100 fixture showed: a per-field `nvmlReturn` (NotSupported for NVLink, C2C and retired-page
 fields; the call itself raises only when the whole call fails), and the timestamp-0 quirk: the power-limit and
 temperature-limit fields, and the hardware thermal / power-brake reason counters, come back with nvmlReturn 0,
-valueType 0, value 0.0 and timestamp 0, i.e. "success" without data.
+valueType 0, value 0.0 and timestamp 0, i.e. "success" without data. Tests change single answers with
+``node.faults.field(...)`` (faults.py), applied last, to the field id as the caller asked for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpuwatch.simulated import nvml_constants as c
 from gpuwatch.simulated.nvml_structs import nvmlFieldValue_t
 from gpuwatch.simulated.scenarios import GpuSpec, GpuState
+
+if TYPE_CHECKING:
+    from gpuwatch.simulated.faults import FaultInjector
 
 # How the hardware thermal / power-brake reason counter fields behave:
 #  until_active: timestamp-0 while the counter is still 0 (as the idle fixture read), filled once it counts
@@ -23,6 +27,8 @@ HwCounterQuirk = Literal["until_active", "always", "never"]
 
 _U32 = c.NVML_VALUE_TYPE_UNSIGNED_INT
 _U64 = c.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+# The member of the nvmlValue_t union each nvmlValueType_t is read from (nvml.h).
+_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 # Fields that answer success with no data (the fixture's idle read).
 _EMPTY_FIELDS: frozenset[int] = frozenset(
@@ -160,6 +166,7 @@ def fill_field_values(
     state: GpuState,
     hw_counter_quirk: HwCounterQuirk,
     numbering: tuple[int, dict[int, int | None]],
+    faults: FaultInjector | None = None,
 ) -> None:
     """Answer each requested (fieldId, scopeId) in place, as nvmlDeviceGetFieldValues does."""
     now_us = int(state.timestamp * 1e6)
@@ -168,6 +175,33 @@ def fill_field_values(
         fid = int(fv.fieldId)
         canonical = moved.get(fid, fid) if 0 < fid < field_max else -1
         _fill(fv, canonical, spec, state, hw_counter_quirk, now_us + 3 * n)
+        rule = faults.field_rule(fid, spec.index) if faults is not None else None
+        if rule is not None:
+            _override(fv, rule.code, rule.value, rule.value_type, rule.timestamp, now_us + 3 * n)
+
+
+def _override(
+    fv: nvmlFieldValue_t,
+    code: int | None,
+    value: float | None,
+    value_type: int | None,
+    timestamp: int | None,
+    now_us: int,
+) -> None:
+    """An injected answer (faults.FieldRule): a per-field error, or success with the given parts."""
+    if code is not None and code != c.NVML_SUCCESS:
+        fv.nvmlReturn = code
+        return
+    filled = fv.nvmlReturn == c.NVML_SUCCESS
+    fv.nvmlReturn = c.NVML_SUCCESS
+    fv.valueType = value_type if value_type is not None else (int(fv.valueType) if filled else _U64)
+    if timestamp is None:
+        timestamp = int(fv.timestamp) if filled and value is None else now_us
+    fv.timestamp = timestamp
+    if (value is not None or not filled) and 0 <= fv.valueType < len(_MEMBERS):
+        member = _MEMBERS[int(fv.valueType)]
+        kind = type(getattr(fv.value, member))
+        setattr(fv.value, member, kind(value if value is not None else 0))
 
 
 def _fill(
