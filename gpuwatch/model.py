@@ -89,6 +89,9 @@ class GpuSample:
     pcie_errors_total: dict[str, int] = field(default_factory=dict)  # fatal, non_fatal, correctable
     nvlink_up: dict[str, bool] = field(default_factory=dict)  # link -> up
     nvlink_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (link, type)
+    # The token the vendor's compute runtime selects this GPU by, where it is not the UUID (AMD: ROCR_VISIBLE_DEVICES
+    # takes GPU-<unique id> or an index); None: the UUID. Not exported; the probe pins its worker with it.
+    runtime_device: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

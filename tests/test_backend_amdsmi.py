@@ -142,6 +142,35 @@ def test_bytes_amdsmi_cannot_decode_cost_that_value_not_the_gpu(release: str, mo
 
 
 @over_releases
+def test_each_gpu_has_a_rocr_visible_devices_token_rocr_takes(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROCR_VISIBLE_DEVICES takes device indices or GPU-<16 hex> (ROCR-Runtime amd_filter_device.cpp,
+    RvdFilter::BuildDeviceUuidList: "GPU-" + the KFD node's UniqueID in 16 hex digits, upper-cased; ProcessUuidToken:
+    a token that matches two devices selects none; a UniqueID of 0 never matches). amdsmi's asic_serial is that unique
+    id: libamd_smi reads the driver's unique_id file into it (amd_smi.cc amdsmi_get_gpu_asic_info) and
+    amdsmi_interface.py:2076-2081 formats it "0x{:016X}". amdsmi's own UUID (RFC 4122 form, amd_smi_uuid.cc) is no
+    token ROCr takes. Without a unique id ("N/A", 0), or where partitions share one, the index in ROCr's enumeration:
+    GPU nodes in KFD node order (amdsmi_get_gpu_kfd_info's node_id, amdsmi_interface.py:2089)."""
+    with opened(release, gpus=2) as (backend, _, node, _clock):
+        tokens = [r.sample.runtime_device for r in backend.poll(slow=True) if r.sample is not None]
+        assert tokens == [f"GPU-{int(node.spec(i).serial, 16):016X}" for i in range(2)]
+        assert all(not g.uuid.upper().startswith("GPU-") for g in backend.gpus())  # what was pinned before
+    with opened(release, gpus=2, partition="CPX") as (backend, _, _, _clock):  # 8 partitions share a unique id
+        tokens = [r.sample.runtime_device for r in backend.poll(slow=True) if r.sample is not None]
+        assert tokens == [str(i) for i in range(16)]
+    fill = amdsmi_readings.asic_info
+
+    def no_unique_id(struct: Any, spec: Any, proc: Any) -> None:
+        fill(struct, spec, proc)
+        if proc.index < 2:
+            struct.asic_serial = (b"0000000000000000", b"")[proc.index]  # 0, and none ("N/A")
+
+    monkeypatch.setattr(amdsmi_readings, "asic_info", no_unique_id)
+    with opened(release, gpus=3) as (backend, _, node, _clock):
+        tokens = [r.sample.runtime_device for r in backend.poll(slow=True) if r.sample is not None]
+        assert tokens == ["0", "1", f"GPU-{int(node.spec(2).serial, 16):016X}"]
+
+
+@over_releases
 def test_not_supported_is_remembered_and_not_asked_again(release: str) -> None:
     """NOT_SUPPORTED (amdsmi.h 2) raises AmdSmiLibraryException(2) (amdsmi_interface.py:698)."""
     with opened(release) as (backend, lib, node, _clock):

@@ -4,6 +4,7 @@ driving the exported metrics through the real agent."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -386,3 +387,26 @@ def test_an_engine_fallback_is_noted_on_every_result_and_logged_once(
         assert outcome.reason.startswith(f"ran on {outcome.measured.engine}, passed over cupy: CuPy 13.9.9 cannot")
     warnings = [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()]
     assert len(warnings) == 1 and "cudaErrorInsufficientDriver" in warnings[0]
+
+
+def test_an_amd_worker_is_pinned_with_a_token_rocr_takes(tmp_path: Path) -> None:
+    """ROCr takes an index or GPU-<16 hex of the KFD unique id> in ROCR_VISIBLE_DEVICES (ROCR-Runtime
+    amd_filter_device.cpp, RvdFilter::BuildRvdTokenList / ProcessUuidToken; ROCm's environment-variable reference:
+    "A list of device indices or UUIDs", e.g. `0,GPU-DEADBEEFDEADBEEF`). amdsmi's UUID (RFC 4122 form) is neither, so
+    ROCr saw no GPU: the worker gets the token the AMD backend read (asic_serial, amdsmi_interface.py:2076-2081), and
+    no CUDA or HIP selection of the agent's own environment."""
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, vendor="amd", probe={"interval_seconds": 60.0})
+    try:
+        sim.run(2.0)
+        seen = tmp_path / "seen"
+        script = tmp_path / "pinned.py"
+        script.write_text(
+            "import json, os, sys\n"
+            f"open({str(seen)!r}, 'w').write(json.dumps({{k: v for k, v in os.environ.items() if 'VISIBLE' in k}}))\n"
+            "sys.exit(3)\n"
+        )
+        runner(sim, tmp_path, worker_command=[sys.executable, str(script)]).run(gpus={1})
+        unique_id = int(sim.node.spec(1).serial, 16)
+        assert json.loads(seen.read_text()) == {"ROCR_VISIBLE_DEVICES": f"GPU-{unique_id:016X}"}
+    finally:
+        sim.close()

@@ -9,9 +9,9 @@ Python failing on an answer (bytes it cannot decode) costs that value only. Ever
 SMI answers ``"N/A"`` strings where a value is unavailable.
 
 Tiers as for NVML: static (identity, temperature limits, max clocks, PCIe maxima, partition; at open and after a
-driver change), slow (power caps, ECC, bad pages, PCIe link and counters, XGMI, partition mode) and fast (every
-poll: temperatures, clocks, power, energy, activity, VRAM, processes, and one ``gpu_metrics`` read for the
-throttle residency counters). ``amdsmi_get_violation_status`` sleeps ~100 ms per call, so it is read only in the
+driver change), slow (power caps, ECC, bad pages, PCIe link and counters, XGMI, partition mode, the token
+ROCR_VISIBLE_DEVICES selects the GPU by) and fast (every poll: temperatures, clocks, power, energy, activity, VRAM,
+processes, and one ``gpu_metrics`` read for the throttle residency counters). ``amdsmi_get_violation_status`` sleeps ~100 ms per call, so it is read only in the
 slow tier and only where ``gpu_metrics`` lacks the residency counters.
 
 Throttle mapping (spec/metrics.md, "Throttling"): AMD counts, per cause, how many ticks of the accumulation
@@ -126,6 +126,8 @@ class _Gpu:
     residency: _Residency = field(default_factory=_Residency)
     xgmi_links: int = 0
     edge_limit_zero: bool = False  # an edge limit of 0: amd-smi shows the edge temperature as N/A (see _celsius)
+    unique_id: int | None = None  # the driver's unique id (asic_serial), which ROCr names the GPU by
+    kfd_node: int | None = None  # the GPU's KFD node: ROCr enumerates GPUs in node order
     needs_static: bool = True
     needs_slow: bool = True
 
@@ -428,8 +430,12 @@ class AmdSmiBackend:
             driver_version=driver,
             vbios_version=_text(self._dict(gpu, "amdsmi_get_gpu_vbios_info").get("version")),
         )
-        kfd = _number(self._dict(gpu, "amdsmi_get_gpu_kfd_info").get("current_partition_id"))
+        kfd_info = self._dict(gpu, "amdsmi_get_gpu_kfd_info")
+        kfd = _number(kfd_info.get("current_partition_id"))
         gpu.primary = int(kfd) == 0 if kfd is not None else not bdf or bdf.endswith(".0")
+        node = _number(kfd_info.get("node_id"))
+        gpu.kfd_node = int(node) if node is not None else None
+        gpu.unique_id = _hex(asic.get("asic_serial"))
         static = GpuSample(gpu.identity.uuid, 0.0)
         temp_type, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
         if gpu.primary:
@@ -461,6 +467,7 @@ class AmdSmiBackend:
     # ----- slow tier -----
 
     def _read_slow(self, gpu: _Gpu, sample: GpuSample, now: float) -> None:
+        sample.runtime_device = self._rocr_device(gpu)
         partition = _text(self._call(gpu, "amdsmi_get_gpu_compute_partition"))
         if partition:
             sample.mig_enabled = partition.upper() not in ("SPX", "N/A")
@@ -472,6 +479,17 @@ class AmdSmiBackend:
         self._read_xgmi(gpu, sample)
         if not gpu.residency.from_metrics:
             self._read_violation_status(gpu, now)
+
+    def _rocr_device(self, gpu: _Gpu) -> str | None:
+        """What ROCR_VISIBLE_DEVICES selects this GPU by: ``GPU-<unique id>`` in 16 hex digits, where the unique id is
+        the GPU's own (ROCR-Runtime amd_filter_device.cpp: a token matching two devices selects none, a unique id of
+        0 never matches), else its index among the GPUs in KFD node order, the order ROCr enumerates them in. amdsmi's
+        UUID is neither: ROCr matches it to no GPU."""
+        if gpu.unique_id and sum(other.unique_id == gpu.unique_id for other in self._gpus) == 1:
+            return f"GPU-{gpu.unique_id:016X}"
+        if gpu.kfd_node is None:
+            return None
+        return str(sorted({other.kfd_node for other in self._gpus if other.kfd_node is not None}).index(gpu.kfd_node))
 
     def _read_power_caps(self, gpu: _Gpu, sample: GpuSample) -> None:
         """Power caps come in µW."""
@@ -634,6 +652,14 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     return value.strip() if isinstance(value, str) and value.strip() not in ("N/A", "") else ""
+
+
+def _hex(value: Any) -> int | None:
+    """A hex string ("0x0123456789ABCDEF", as amdsmi formats asic_serial) as a number; None for "N/A" and junk."""
+    try:
+        return int(_text(value), 16) if _text(value) else None
+    except ValueError:
+        return None
 
 
 def _generation(speed: Any) -> int | None:

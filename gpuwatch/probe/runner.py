@@ -345,7 +345,10 @@ class ProbeRunner:
         for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
             env.pop(name, None)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["ROCR_VISIBLE_DEVICES" if identity.vendor == "amd" else "CUDA_VISIBLE_DEVICES"] = identity.uuid
+        # ROCr takes an index or GPU-<unique id>, not amdsmi's UUID: the backend's token (an AMD GPU without one gets
+        # its UUID, which ROCr matches to no GPU: the worker fails rather than probe another GPU).
+        pin = sample.runtime_device or identity.uuid
+        env["ROCR_VISIBLE_DEVICES" if identity.vendor == "amd" else "CUDA_VISIBLE_DEVICES"] = pin
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,

@@ -91,9 +91,12 @@ def kfd_info(struct: Any, proc: Processor) -> None:
 
 
 def asic_info(struct: Any, spec: GpuSpec, proc: Processor) -> None:
+    """asic_serial is the driver's unique id as libamd_smi reads it from the device's unique_id file (amd_smi.cc
+    amdsmi_get_gpu_asic_info: 16 hex digits, no 0x; the package formats it "0x{:016X}"). Here every partition of a
+    socket shares its socket's (whether a real partition has one of its own is not known here)."""
     put(struct, {"market_name": spec.model.encode(), "vendor_id": 0x1002, "subvendor_id": 0x1002,
                  "vendor_name": b"Advanced Micro Devices, Inc. [AMD/ATI]", "device_id": 0x74A1, "rev_id": 0,
-                 "asic_serial": f"0x{spec.serial}".encode(), "oam_id": spec.index,
+                 "asic_serial": f"{int(spec.serial, 16):016x}".encode(), "oam_id": spec.index,
                  "num_of_compute_units": COMPUTE_UNITS // proc.partitions, "target_graphics_version": 0x942,
                  "subsystem_id": 0x74A1}, optional=("subsystem_id",))  # fmt: skip
 
