@@ -154,7 +154,13 @@ _SPECS: tuple[MetricSpec, ...] = (
         "PCIe errors the GPU counted: fatal, non_fatal, correctable (AER classes).",
     ),
     _m("gpuwatch_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 when the NVLink/XGMI link is up."),
-    _m("gpuwatch_gpu_nvlink_errors_total", "counter", (*GPU, "link", "type"), "NVLink/XGMI link errors."),
+    _m(
+        "gpuwatch_gpu_nvlink_errors_total",
+        "counter",
+        (*GPU, "link", "type"),
+        "NVLink/XGMI link errors: replay, recovery, crc, ecc (DL counters); Blackwell's link fields add "
+        "recovery_failed, effective (left after FEC) and symbol.",
+    ),
     # Matmul probe
     _m(
         "gpuwatch_probe_info",

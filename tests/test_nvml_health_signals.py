@@ -93,3 +93,30 @@ def test_the_signals_read_the_same_under_the_oldest_binding(release: str) -> Non
         assert (sample.row_remap_banks["max"], sample.inforom_valid, sample.fabric_healthy) == (2560, True, True)
     finally:
         backend.close()
+
+
+def test_links_without_dl_counters_count_errors_in_the_nvlink_count_fields() -> None:
+    """Blackwell answers NotSupported for the per-link DL counters (nvmlDeviceGetNvLinkErrorCounter) and counts
+    link errors in the NVML_FI_DEV_NVLINK_COUNT_* fields instead, scoped to the link (nvml.h: "scopeId: link
+    index"; LINK_RECOVERY_EVENTS 215, LINK_RECOVERY_FAILED_EVENTS 214, EFFECTIVE_ERRORS 219, SYMBOL_ERRORS 221)."""
+    node = SimulatedNode("healthy", gpus=1, clock=Clock(), wall_clock=lambda: 1.8e9, nvlink=True)
+    for link in range(18):
+        for counter in range(5):  # nvmlNvLinkErrorCounter_t: DL_REPLAY .. DL_ECC_DATA
+            node.faults.set_nvlink_errors(0, link, counter, None)
+    for field_id, count in ((215, 4), (214, 1), (219, 2), (221, 96)):
+        node.faults.field(field_id, value=count, value_type=3)  # unsigned long long
+    errors = next(samples(node))[0].nvlink_errors_total
+    assert errors[("0", "recovery")] == 4 and errors[("0", "recovery_failed")] == 1
+    assert errors[("17", "effective")] == 2 and errors[("17", "symbol")] == 96
+    assert ("0", "replay") not in errors  # nothing from the counters the driver does not keep
+
+
+def test_hopper_links_keep_their_dl_counters_and_ask_no_fields() -> None:
+    """An H100's links answer the DL counters; the COUNT fields are not asked for (no second source, no double
+    count)."""
+    node = SimulatedNode("healthy", gpus=1, clock=Clock(), wall_clock=lambda: 1.8e9, nvlink=True)
+    node.faults.set_nvlink_errors(0, 3, 0, 7)  # DL_REPLAY on link 3
+    node.faults.field(215, value=99, value_type=3)  # would show if the fields were read
+    errors = next(samples(node))[0].nvlink_errors_total
+    assert errors[("3", "replay")] == 7 and ("3", "recovery_failed") not in errors
+    assert {kind for _link, kind in errors} == {"replay", "recovery", "crc", "ecc"}

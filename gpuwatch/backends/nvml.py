@@ -92,6 +92,9 @@ _FI_PERF_POLICY_LOW_UTILIZATION = 78
 _FI_PERF_POLICY_RELIABILITY = 79
 _FI_MEMORY_TEMP = 82
 _FI_PCIE_L0_TO_RECOVERY_COUNTER = 169
+# NVML_FI_DEV_NVLINK_COUNT_*, scoped to a link: LINK_RECOVERY_EVENTS, LINK_RECOVERY_FAILED_EVENTS,
+# EFFECTIVE_ERRORS (left after forward error correction) and SYMBOL_ERRORS.
+_FI_NVLINK_COUNTS = {215: "recovery", 214: "recovery_failed", 219: "effective", 221: "symbol"}
 # NVML_FI_DEV_PCIE_COUNT_*: errors the GPU's PCIe port counted, by AER class.
 _FI_PCIE_ERRORS = {173: "correctable", 179: "non_fatal", 180: "fatal"}
 _FI_GET_GPU_RECOVERY_ACTION = 230
@@ -631,6 +634,20 @@ class NvmlBackend:
                 ]
                 if values := [int(value) for value in found if value is not None]:
                     sample.nvlink_errors_total[(label, kind)] = sum(values)
+        self._read_nvlink_count_fields(gpu, sample)
+
+    def _read_nvlink_count_fields(self, gpu: _Gpu, sample: GpuSample) -> None:
+        """Links without per-link DL counters (Blackwell answers NotSupported there) count their errors in the
+        NVML_FI_DEV_NVLINK_COUNT_* fields, scoped to the link: one batched call for all of them."""
+        counted = {link for link, _kind in sample.nvlink_errors_total}
+        links = [link for link in gpu.nvlinks if str(link) not in counted]
+        if not links:
+            return
+        requests = [(field_id, link) for link in links for field_id in _FI_NVLINK_COUNTS]
+        answers = self._call(gpu, "nvmlDeviceGetFieldValues", requests)
+        for (field_id, link), answer in zip(requests, answers or (), strict=False):
+            if int(answer.nvmlReturn) == 0 and (value := _field_value(answer)) is not None:
+                sample.nvlink_errors_total[(str(link), _FI_NVLINK_COUNTS[field_id])] = int(value)
 
     def _read_modes(self, gpu: _Gpu, sample: GpuSample) -> None:
         lib = self._lib
