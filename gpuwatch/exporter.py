@@ -109,6 +109,8 @@ def _host(snap: StoreSnapshot, out: _Families) -> None:
             out.add("gpuwatch_host_voltage_volts", (v.chip, v.sensor), v.volts)
             out.add("gpuwatch_host_voltage_nominal_volts", (v.chip, v.sensor), v.nominal_volts)
             out.add("gpuwatch_host_voltage_min_volts", (v.chip, v.sensor), v.min_volts)
+            for limit, raised in v.alarms:
+                out.add("gpuwatch_host_voltage_alarm", (v.chip, v.sensor, limit), raised)
         for psu in sample.psus:
             out.add("gpuwatch_host_psu_up", (psu.psu,), psu.up)
         for t in sample.temperatures:

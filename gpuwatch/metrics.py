@@ -194,7 +194,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_host_voltage_min_volts",
         "gauge",
         ("chip", "sensor"),
-        "The lower critical threshold the BMC or chip declares.",
+        "The rail's lower limit as the chip or BMC declares it: its warning limit (PMBus VOUT_UV_WARN_LIMIT, "
+        "hwmon inX_min), else its critical one.",
+    ),
+    _m(
+        "gpuwatch_host_voltage_alarm",
+        "gauge",
+        ("chip", "sensor", "limit"),
+        "1 while the chip's alarm flag for the rail is raised (hwmon inX_<limit>_alarm: min, lcrit, max, crit; any: "
+        "a single inX_alarm), else 0; only for alarm flags the chip has.",
     ),
     _m("gpuwatch_host_psu_up", "gauge", ("psu",), "1 = power supply present and OK."),
     _m("gpuwatch_host_temperature_celsius", "gauge", ("chip", "sensor"), "Host temperature sensor."),

@@ -131,8 +131,11 @@ class HostVoltage:
     sensor: str
     volts: float
     nominal_volts: float | None = None
-    min_volts: float | None = None  # the lower critical threshold the chip or BMC declares
-    alarm: bool | None = None  # the chip's own low/critical alarm flag, where it has one
+    min_volts: float | None = None  # the lower limit the chip or BMC declares: its warning one, else critical
+    alarm: bool | None = None  # any of the chip's alarm flags for this input raised, where it has them
+    # Each alarm flag the chip has, as (limit, raised): min, lcrit, max, crit as hwmon names the inX_<limit>_alarm
+    # attribute, any for a chip's single inX_alarm.
+    alarms: tuple[tuple[str, bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,28 @@ files each driver creates (millivolts, millidegrees, RPM), for the hwmon reader 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from gpuwatch.exporter import families
+from gpuwatch.model import HostSample
+from gpuwatch.store import SampleStore
+
 ASUS_BOARD = "Pro WS WRX80E-SAGE SE WIFI"
+
+
+def exported(samples: Sequence[HostSample], prefix: str = "gpuwatch_host_") -> dict[tuple[str, ...], float]:
+    """What /metrics shows of host samples: {(metric, *label values): value}, through the store and the exporter."""
+    clock = max((s.timestamp for s in samples), default=0.0)
+    store = SampleStore(poll_interval_seconds=1.0, clock=lambda: clock)
+    for sample in samples:
+        store.record_host(sample, 60.0)
+    return {
+        (metric.name, *s.labels.values()): s.value
+        for metric in families(store.snapshot())
+        if metric.name.startswith(prefix)
+        for s in metric.samples
+    }
 
 
 def add_chip(root: Path, index: int, device: str, name: str, files: dict[str, object], pci_class: str = "") -> Path:

@@ -23,7 +23,7 @@ def test_psu_undervoltage_shows_the_rail_below_its_lower_critical_in_metrics(tmp
         sim.run(10.0)
         volts = sim.value("gpuwatch_host_voltage_volts", **PSU1)
         minimum = sim.value("gpuwatch_host_voltage_min_volts", **PSU1)
-        assert volts == 11.2 and minimum == 11.4
+        assert volts == 11.2 and minimum == 11.6  # in2_min, the PSU's VOUT_UV_WARN_LIMIT
         assert sim.value("gpuwatch_host_voltage_volts", chip="pmbus-i2c-7-59", sensor="vout1") == 12.08
         # the GPUs power-brake at the same time
         assert sim.value("gpuwatch_gpu_throttle_active", 0, reason="hw_power_brake") == 1.0
@@ -97,7 +97,7 @@ def test_snapshot_json_shows_rails_supplies_and_temperatures(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
     host = json.loads(result.stdout)["host"]
     rails = {(v["chip"], v["sensor"]): v for v in host["voltages"]}
-    assert rails[("pmbus-i2c-7-58", "vout1")]["min_volts"] == 11.4
+    assert rails[("pmbus-i2c-7-58", "vout1")]["min_volts"] == 11.6
     assert {p["psu"]: p["up"] for p in host["psus"]} == {"PS1 Status": True, "PS2 Status": True}
     assert any(t["chip"] == "nvme-pci-0100" for t in host["temperatures"])
     table = gpuwatch("snapshot", "--backend", "simulated", "--scenario", "healthy")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostfixtures import ASUS_BOARD, add_chip, server_tree, set_board, workstation_tree
+from hostfixtures import ASUS_BOARD, add_chip, exported, server_tree, set_board, workstation_tree
 
 from gpuwatch.host import hwmon as hwmon_module
 from gpuwatch.host.hwmon import HwmonReader
@@ -36,15 +36,80 @@ def test_server_pmbus_supplies_in_volts_with_their_own_limits(tmp_path: Path) ->
     sample = HwmonReader(server_tree(tmp_path), clock=lambda: 100.0).read()
     assert sample.source == "hwmon" and sample.timestamp == 100.0
     rails = volts(sample)
-    # millivolts -> volts; lower critical from in*_lcrit (PMBus VOUT_UV_FAULT_LIMIT)
-    assert rails[("pmbus-i2c-7-58", "vout1")] == (12.112, None, 11.4)
-    # no in2_lcrit on the second supply: its low warning limit (in2_min) stands in
+    # millivolts -> volts; the limit is in*_min (PMBus VOUT_UV_WARN_LIMIT), with or without an in*_lcrit beside it
+    assert rails[("pmbus-i2c-7-58", "vout1")] == (12.112, None, 11.6)
     assert rails[("pmbus-i2c-7-59", "vout1")] == (11.2, None, 11.6)
-    assert rails[("pmbus-i2c-7-58", "vin")] == (229.5, None, 180.0)
-    alarms = {(v.chip, v.sensor): v.alarm for v in sample.voltages}
-    assert alarms[("pmbus-i2c-7-58", "vout1")] is False
-    assert alarms[("pmbus-i2c-7-59", "vout1")] is True
+    assert rails[("pmbus-i2c-7-58", "vin")] == (229.5, None, 190.0)  # VIN_UV_WARN_LIMIT, not VIN_UV_FAULT_LIMIT
+    alarms = {(v.chip, v.sensor): (v.alarm, v.alarms) for v in sample.voltages}
+    assert alarms[("pmbus-i2c-7-58", "vout1")] == (False, (("min", False), ("lcrit", False)))
+    assert alarms[("pmbus-i2c-7-59", "vout1")] == (True, (("min", True),))
+    assert alarms[("pmbus-i2c-7-58", "vin")] == (None, ())
     assert set(rails) == {(f"pmbus-i2c-7-{a}", s) for a in ("58", "59") for s in ("vin", "vout1")}
+
+
+def test_pmbus_warning_limit_is_alerted_on_not_the_fault_limit(tmp_path: Path) -> None:
+    """drivers/hwmon/pmbus/pmbus_core.c (vout_limit_attrs) maps VOUT_UV_WARN_LIMIT to inX_min and VOUT_UV_FAULT_LIMIT
+    to inX_lcrit; Documentation/hwmon/pmbus.rst says the same ("inX_min: Minimum Voltage. From VIN_UV_WARN_LIMIT or
+    VOUT_UV_WARN_LIMIT register", "inX_lcrit: Critical minimum Voltage. From VIN_UV_FAULT_LIMIT or
+    VOUT_UV_FAULT_LIMIT register"), and Documentation/ABI/testing/sysfs-class-hwmon (the sysfs-interface) says of
+    inY_lcrit: "If voltage drops to or below this limit, the system may take drastic action such as power down or
+    reset". At the fault limit the supply acts on its own (VOUT_UV_FAULT_RESPONSE: shut down or retry); the warning
+    limit is the one that leaves time to act, so it is the one exported as the rail's min. The reader used to prefer
+    lcrit and reported 11.4 V for a rail that was already under its 11.6 V warning limit."""
+    files = {"in1_label": "vout1", "in1_input": 11500, "in1_min": 11600, "in1_lcrit": 11000}
+    add_chip(tmp_path, 0, "devices/pci0000:00/0000:00:1f.4/i2c-7/7-0058", "pmbus", files)
+    [rail] = HwmonReader(tmp_path).read().voltages
+    assert rail.min_volts == 11.6
+    # no warning limit (the chip lacks VOUT_UV_WARN_LIMIT, or it reads 0 = unset): the fault limit stands in
+    (tmp_path / "class/hwmon/hwmon0/in1_min").write_text("0\n")
+    assert HwmonReader(tmp_path).read().voltages[0].min_volts == 11.0
+    (tmp_path / "class/hwmon/hwmon0/in1_min").unlink()
+    assert HwmonReader(tmp_path).read().voltages[0].min_volts == 11.0
+
+
+def test_every_alarm_flag_of_a_rail_is_exported_by_its_limit(tmp_path: Path) -> None:
+    """Documentation/hwmon/sysfs-interface.rst names a voltage's alarm flags by limit: in[0-*]_min_alarm,
+    in[0-*]_max_alarm, in[0-*]_lcrit_alarm, in[0-*]_crit_alarm ("0: no alarm, 1: alarm"), or one in[0-*]_alarm on
+    chips that do not tell which limit was crossed; pmbus_core.c raises min_alarm on VOLTAGE_UV_WARNING, lcrit_alarm
+    on VOLTAGE_UV_FAULT, max_alarm on VOLTAGE_OV_WARNING and crit_alarm on VOLTAGE_OV_FAULT. The reader used to fold
+    them into one flag that nothing exported. Each flag the chip has is now gpuwatch_host_voltage_alarm{limit}, 1 or
+    0; a flag that cannot be read or reads neither 0 nor 1 is left out, never the scrape."""
+    files: dict[str, object] = {
+        "in1_label": "vout1",
+        "in1_input": 11500,
+        "in1_min": 11600,
+        "in1_min_alarm": 1,
+        "in1_lcrit_alarm": 0,
+        "in1_max_alarm": 0,
+        "in1_crit_alarm": "garbage",
+        "in2_label": "P12V",
+        "in2_input": 12000,
+        "in2_alarm": 0,
+        "in3_label": "P5V",
+        "in3_input": 5000,
+        "in3_min_alarm": 7,
+    }
+    add_chip(tmp_path, 0, "devices/pci0000:00/0000:00:1f.4/i2c-7/7-0058", "pmbus", files)
+    sample = HwmonReader(tmp_path).read()
+    chip = "pmbus-i2c-7-58"
+    alarms = {k: v for k, v in exported([sample]).items() if k[0] == "gpuwatch_host_voltage_alarm"}
+    assert alarms == {
+        ("gpuwatch_host_voltage_alarm", chip, "vout1", "min"): 1.0,
+        ("gpuwatch_host_voltage_alarm", chip, "vout1", "lcrit"): 0.0,
+        ("gpuwatch_host_voltage_alarm", chip, "vout1", "max"): 0.0,
+        ("gpuwatch_host_voltage_alarm", chip, "P12V", "any"): 0.0,
+    }
+    assert {v.sensor: v.alarm for v in sample.voltages} == {"vout1": True, "P12V": False, "P5V": None}
+
+
+def test_super_io_alarm_flags_are_not_read(tmp_path: Path) -> None:
+    """A Super-I/O chip compares its pins against limits the BIOS left (nct6775: often 0), not the ones a mapping
+    states, so its alarm flags say nothing about the rail: they are not exported, like its limits."""
+    root = workstation_tree(tmp_path)
+    (root / "class/hwmon/hwmon0/in4_alarm").write_text("1\n")
+    sample = HwmonReader(root, load_sensor_maps([str(ASUS_MAP)])).read()
+    assert {v.sensor: (v.alarm, v.alarms) for v in sample.voltages}["+12V"] == (None, ())
+    assert not any(k[0] == "gpuwatch_host_voltage_alarm" for k in exported([sample]))
 
 
 def test_server_temperatures_and_fans_with_node_unique_chip_labels(tmp_path: Path) -> None:

@@ -142,18 +142,35 @@ class HwmonReader:
         nominal = mapping.nominal if mapping is not None and mapping.nominal is not None else nominal_from_name(name)
         minimum = mapping.min if mapping is not None else None
         if minimum is None and not chip.super_io:
-            # The chip's own lower critical limit (PMBus VOUT_UV_FAULT), else its low warning limit.
-            for suffix in ("lcrit", "min"):
+            # The chip's low warning limit, else its lower critical one. On PMBus chips inX_min is VOUT_UV_WARN_LIMIT
+            # and inX_lcrit VOUT_UV_FAULT_LIMIT (pmbus_core.c, vout_limit_attrs): at the fault limit the supply
+            # shuts its output down or retries, so the warning is the one that leaves time to act.
+            for suffix in ("min", "lcrit"):
                 threshold = _read_number(chip.path / f"{key}_{suffix}")
                 if threshold is not None and threshold > 0:
                     minimum = _scaled(threshold / 1000.0, mapping)
                     break
-        alarm = None
-        for suffix in ("lcrit_alarm", "min_alarm", "crit_alarm", "alarm"):
-            flag = _read_number(chip.path / f"{key}_{suffix}")
-            if flag is not None:
-                alarm = bool(flag) or bool(alarm)
-        return HostVoltage(chip.label, name, volts, nominal, minimum, alarm)
+        alarms = () if chip.super_io else _alarms(chip.path, key)
+        alarm = any(flag for _, flag in alarms) if alarms else None
+        return HostVoltage(chip.label, name, volts, nominal, minimum, alarm, alarms)
+
+
+# The alarm attributes of a voltage input (Documentation/hwmon/sysfs-interface.rst), by the limit they are raised at:
+# inX_min_alarm, inX_lcrit_alarm, inX_max_alarm, inX_crit_alarm; "any" is a chip's single inX_alarm that does not say
+# which limit was crossed.
+ALARM_LIMITS = ("min", "lcrit", "max", "crit")
+
+
+def _alarms(chip: Path, key: str) -> tuple[tuple[str, bool], ...]:
+    """The input's alarm flags the chip has, as (limit, raised); a flag that cannot be read, or reads neither 0 nor
+    1, is left out. Super-I/O chips' flags are never read: they compare against limits the BIOS left, not ones the
+    operator's mapping states."""
+    found: list[tuple[str, bool]] = []
+    for limit, attribute in (*((lim, f"{key}_{lim}_alarm") for lim in ALARM_LIMITS), ("any", f"{key}_alarm")):
+        flag = _read_number(chip / attribute)
+        if flag in (0.0, 1.0):
+            found.append((limit, flag == 1.0))
+    return tuple(found)
 
 
 def chip_label(hwmon: Path, name: str) -> str:
