@@ -11,8 +11,9 @@ SMI answers ``"N/A"`` strings where a value is unavailable.
 Tiers as for NVML: static (identity, temperature limits, max clocks, PCIe maxima, partition; at open and after a
 driver change), slow (power caps, ECC, bad pages, PCIe link and counters, XGMI, partition mode, the token
 ROCR_VISIBLE_DEVICES selects the GPU by) and fast (every poll: temperatures, clocks, power, energy, activity, VRAM,
-processes, and one ``gpu_metrics`` read for the throttle residency counters). ``amdsmi_get_violation_status`` sleeps ~100 ms per call, so it is read only in the
-slow tier and only where ``gpu_metrics`` lacks the residency counters.
+processes, and one ``gpu_metrics`` read for the throttle residency counters). ``amdsmi_get_violation_status``
+sleeps ~100 ms per call, so it is read only in the slow tier and only where ``gpu_metrics`` lacks the residency
+counters.
 
 Throttle mapping (spec/metrics.md, "Throttling"): AMD counts, per cause, how many ticks of the accumulation
 counter the clocks were held down. The agent turns each poll's share (Δresidency / Δaccumulation_counter) into
