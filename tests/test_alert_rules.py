@@ -176,7 +176,13 @@ RECORDED: dict[str, list[tuple[str, dict[str, str]]]] = {
     "gpu_lost": [("GpuLost", {})],
     "xid": [("GpuXidCritical", {"xid": "79"})],
     "ecc_uncorrectable": [("GpuEccUncorrectable", {"type": "uncorrected"})],
-    "row_remap_failure": [("GpuRowRemapFailure", {}), ("GpuRowRemapPending", {}), ("GpuRecoveryActionRequired", {})],
+    # a failed remap leaves a bank with no spare row (the row remapper's histogram: availability none)
+    "row_remap_failure": [
+        ("GpuRowRemapFailure", {}),
+        ("GpuRowRemapPending", {}),
+        ("GpuRecoveryActionRequired", {}),
+        ("GpuRowRemapBanksLow", {}),
+    ],
 }
 
 
