@@ -31,8 +31,9 @@ GRAFANA_TARGET = "10.1"  # the schema grafana-foundation-sdk==1769699998!10.1.0 
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
-# Throttle reasons that are normal (an idle GPU, a loaded GPU at its power cap): the fleet view shows the others.
-BENIGN_REASONS = "gpu_idle|sw_power_cap|applications_clocks|display_clock|sync_boost"
+# Throttle reasons that are normal (an idle GPU, a loaded GPU at its power cap, NVML's low-utilization policy time,
+# which an idle GPU accrues all the time): the fleet view shows the others.
+BENIGN_REASONS = "gpu_idle|low_utilization|sw_power_cap|applications_clocks|display_clock|sync_boost"
 
 # Recording rules of deploy/prometheus/gpuwatch-rules.yml: fresh probe results only (older ones count for nothing),
 # each series keeping the agent's labels plus model, dtype and engine. Joins are `on(instance, uuid)`, as in the rules.
@@ -455,7 +456,7 @@ def fleet_overview() -> dict[str, Any]:
             "Headroom to slowdown": steps((None, "red"), (0, "orange"), (5, "green")),
             "Limit / default": steps((None, "orange"), (0.95, "green")),
             "Throttled (5m)": steps((None, "green"), (0.1, "orange"), (0.5, "red")),
-            "Probe / baseline": steps((None, "red"), (0.9, "green")),
+            "Probe / baseline": steps((None, "red"), (0.95, "green")),
             "Probe / fleet": steps((None, "red"), (0.9, "green")),
             "Up": steps((None, "red"), (1, "green")),
         },
@@ -595,7 +596,7 @@ def fleet_overview() -> dict[str, Any]:
     )
     b.timeseries(
         "Probe throughput against own baseline",
-        "Each probe's FLOP/s over the GPU's own healthy baseline; below 90 % (the line) the GPU is slow.",
+        "Each probe's FLOP/s over the GPU's own healthy baseline; below 95 % (the line) the GPU is slow.",
         "percentunit",
         [
             Q(
@@ -603,7 +604,7 @@ def fleet_overview() -> dict[str, Any]:
                 FLEET_LEGEND + " {{dtype}}",
             )
         ],
-        thresholds=steps((None, "red"), (0.9, "transparent")),
+        thresholds=steps((None, "red"), (0.95, "transparent")),
     )
     b.timeseries(
         "Probe throughput against fleet median",
@@ -805,7 +806,7 @@ def node_detail() -> dict[str, Any]:
     )
     b.timeseries(
         "Probe against baseline and fleet",
-        "Last probe over the GPU's baseline, and over the fleet median of its model; below 90 % is slow.",
+        "Last probe over the GPU's baseline (below 95 % is slow), and over the fleet median of its model (below 90 %).",
         "percentunit",
         [
             Q(f"max by (gpu, dtype) ({RULE_RATIO_TO_BASELINE}{{{s}}})", GPU_LEGEND + " {{dtype}} / baseline"),
@@ -873,12 +874,15 @@ def node_detail() -> dict[str, Any]:
     )
     b.timeseries(
         "XID errors",
-        "XID errors per interval, by code (13, 31, 43, 45 are application errors; 48, 79, 94, 95 and similar are "
-        "hardware).",
+        "XID errors per interval, by code (13, 31, 43, 45, 68 are application errors; the rest alert). The first XID "
+        "of a code counts too: its counter appears at 1, which increase() would miss, so each interval counts the "
+        "counter's value at its end less its value at its start, or 0 where the counter did not exist yet.",
         "short",
         [
             Q(
-                f"sum by (gpu, xid) (increase(gpuwatch_gpu_xid_errors_total{{{s}}}[$__rate_interval]))",
+                "sum by (gpu, xid) (clamp_min("
+                f"gpuwatch_gpu_xid_errors_total{{{s}}} - (gpuwatch_gpu_xid_errors_total{{{s}}} offset $__rate_interval"
+                f" or gpuwatch_gpu_xid_errors_total{{{s}}} * 0), 0))",
                 "GPU {{gpu}} XID {{xid}}",
             )
         ],

@@ -129,6 +129,52 @@ def test_every_query_parses_with_promtool(promtool: str, tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_most_throttled_leaves_out_the_normal_reasons() -> None:
+    """An idle GPU accrues gpu_idle and NVML's low_utilization policy time all the time: neither is throttling."""
+    fleet = [q for q in queries() if q.dashboard == "gpuwatch-fleet.json"]
+    most = [q for q in fleet if q.panel == "Most throttled (top $topn)"]
+    assert most
+    for q in most:
+        excluded = q.expr.split('reason!~"', 1)[1].split('"', 1)[0].split("|")
+        assert {"gpu_idle", "low_utilization", "sw_power_cap"} <= set(excluded), q.expr
+
+
+def test_xid_panel_counts_the_first_xid_of_a_code(promtool: str, tmp_path: Path) -> None:
+    """A code's counter appears with its first XID, at 1: increase() sees nothing there, the panel counts 1."""
+    (expr,) = [q.expr for q in queries() if q.dashboard == "gpuwatch-node.json" and q.panel == "XID errors"]
+    labels = 'node="n1",instance="n1:9845",job="gpuwatch",gpu="0",uuid="U0"'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # XID 79 first seen at 5 m; XID 48 counted from 0, once at 6 m and once at 7 m.
+                    {"series": f'gpuwatch_gpu_xid_errors_total{{{labels},xid="79"}}', "values": "_x5 1x10"},
+                    {"series": f'gpuwatch_gpu_xid_errors_total{{{labels},xid="48"}}', "values": "0x5 1 2x9"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": substitute(expr),  # $__rate_interval = 1m
+                        "eval_time": at,
+                        "exp_samples": [
+                            {"labels": '{gpu="0",xid="79"}', "value": xid79},
+                            {"labels": '{gpu="0",xid="48"}', "value": xid48},
+                        ],
+                    }
+                    for at, xid79, xid48 in (("5m", 1, 0), ("6m", 0, 1), ("7m", 0, 1), ("9m", 0, 0))
+                ],
+            }
+        ],
+    }
+    (tmp_path / "xid-panel.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    done = subprocess.run(
+        [promtool, "test", "rules", "xid-panel.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_queries_read_only_spec_metrics_and_existing_rules() -> None:
     spec = set(spec_metrics())
     rules = recorded_rules()
