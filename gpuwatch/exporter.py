@@ -81,8 +81,8 @@ def families(snap: StoreSnapshot) -> Iterator[Metric]:
 def _self_health(snap: StoreSnapshot, out: _Families) -> None:
     for backend, (up, _message) in sorted(snap.backends.items()):
         out.add("gpuwatch_backend_up", (backend,), up)
-    detected = sum(1 for uuid in snap.identities if snap.fresh(uuid) is not None)
-    out.add("gpuwatch_gpus_detected", (), detected + len(snap.unusable))  # present, if unusable
+    detected = {_physical_gpu(identity) for uuid, identity in snap.identities.items() if snap.fresh(uuid) is not None}
+    out.add("gpuwatch_gpus_detected", (), len(detected) + len(snap.unusable))  # present, if unusable
     for (switch, sxid), count in sorted(snap.sxids.items()):
         out.add("gpuwatch_nvswitch_sxid_errors_total", (switch, xid_label(sxid)), count.total)
     for gpu in snap.unusable:
@@ -100,6 +100,13 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
         # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
         last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
         out.add("gpuwatch_collector_last_run_timestamp_seconds", key, last_run)
+
+
+def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
+    """The GPU a `gpu` is part of: its PCI device. AMD compute partitions (CPX: 8 per MI300X) are a `gpu` each, at
+    their GPU's PCI address with the partition in the function bits (kfd_topology.c: location_id |= node_id)."""
+    device = identity.pci_bus_id.lower().rpartition(".")[0]
+    return (identity.vendor, device) if device else (identity.vendor, identity.uuid)
 
 
 def _host(snap: StoreSnapshot, out: _Families) -> None:
@@ -162,6 +169,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     out.add("gpuwatch_gpu_memory_total_bytes", gpu, s.memory_total_bytes)
     out.add("gpuwatch_gpu_processes", gpu, None if s.process_pids is None else len(s.process_pids))
     out.add("gpuwatch_gpu_mig_enabled", gpu, s.mig_enabled)
+    out.add("gpuwatch_gpu_partitions", gpu, s.compute_partitions)
     out.add("gpuwatch_gpu_ecc_enabled", gpu, s.ecc_enabled)
     out.add("gpuwatch_gpu_persistence_mode_enabled", gpu, s.persistence_mode_enabled)
     each("gpuwatch_gpu_ecc_errors_total", s.ecc_errors_total)

@@ -101,6 +101,13 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
     _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
     _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
+    _m(
+        "gpuwatch_gpu_partitions",
+        "gauge",
+        GPU,
+        "AMD: compute partitions the GPU is split into (1 in SPX, 8 in CPX on an MI300X), on partition 0, whose gpu "
+        "label names the GPU; each partition is a gpu of its own, and gpuwatch_gpus_detected counts the GPU once.",
+    ),
     _m("gpuwatch_gpu_ecc_enabled", "gauge", GPU, "Current ECC mode."),
     _m("gpuwatch_gpu_persistence_mode_enabled", "gauge", GPU, "NVIDIA persistence mode."),
     # Errors and memory health

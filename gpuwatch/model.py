@@ -70,6 +70,7 @@ class GpuSample:
     memory_total_bytes: int | None = None
     process_pids: tuple[int, ...] | None = None  # host PIDs of compute processes
     mig_enabled: bool | None = None
+    compute_partitions: int | None = None  # AMD: partitions its GPU is split into (SPX 1, CPX 8), on partition 0
     ecc_enabled: bool | None = None
     persistence_mode_enabled: bool | None = None
     compute_mode: str | None = None  # one of COMPUTE_MODES

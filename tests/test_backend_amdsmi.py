@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import simnode
 from amd_releases import over_releases
 from simnode import SimAgent
 
@@ -302,13 +303,58 @@ def test_compute_partitions_do_not_repeat_socket_readings(release: str) -> None:
     assert [r.identity.index for r in readings] == list(range(16))
     with_power = [r for r in readings if r.sample is not None and r.sample.power_watts is not None]
     assert [r.identity.index for r in with_power] == [0, 8]  # partition 0 of each socket
+    assert [r.sample.compute_partitions for r in with_power if r.sample is not None] == [8, 8]
     for r in readings:
         assert r.sample is not None and r.sample.mig_enabled is True
         assert r.sample.memory_total_bytes == 192 * 2**30 // 8
         if r.identity.index not in (0, 8):
             assert not r.sample.temperature_celsius and not r.sample.ecc_errors_total
             assert not r.sample.throttle_counter_seconds and r.sample.energy_joules is None
+            assert r.sample.compute_partitions is None
     assert resets == [readings[0].identity.uuid, readings[8].identity.uuid]
+
+
+def test_cpx_partitions_count_once_as_their_gpu_and_are_exported_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPX: 8 processor handles per socket (amdsmi_interface.py:969), each a `gpu` of its own, all behind one PCI
+    device: the kernel gives each partition's KFD node the GPU's PCI address with the partition in the function bits
+    (kfd_topology.c kfd_topology_add_device: `location_id |= node_id` when the device has several nodes), and the
+    PCI bus (gpuwatch_gpus_expected) still has one function per GPU. gpuwatch_gpus_detected counts GPUs, so a lost
+    GPU is one fewer than expected (GpuCountBelowExpected: detected < expected); partition 0 says how many partitions
+    its GPU has (gpuwatch_gpu_partitions), every partition keeps its own series."""
+
+    def cpx(node: SimulatedNode, clock: Callable[[], float]) -> AmdSmiBackend:
+        return AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(node, partition="CPX")), clock=clock)
+
+    monkeypatch.setattr(simnode, "amd_backend", cpx)
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, vendor="amd")
+    try:
+        sim.run(3.0)
+        assert sim.value("gpuwatch_gpus_expected", vendor="amd") == 2.0
+        assert sim.value("gpuwatch_gpus_detected") == 2.0
+        assert [sim.value("gpuwatch_gpu_up", gpu) for gpu in range(16)] == [1.0] * 16
+        partitions = {
+            dict(labels)["gpu"]: value for (name, labels), value in sim.samples().items()
+            if name == "gpuwatch_gpu_partitions"
+        }  # fmt: skip
+        assert partitions == {"0": 8.0, "8": 8.0}
+        sim.node.faults.lose_gpu(1)
+        sim.run(3.0)
+        assert sim.value("gpuwatch_gpus_detected") == 1.0
+        assert [sim.value("gpuwatch_gpu_up", gpu) for gpu in range(16)] == [1.0] * 8 + [0.0] * 8
+    finally:
+        sim.close()
+
+
+def test_without_partitions_each_gpu_has_one(tmp_path: Path) -> None:
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, vendor="amd")
+    try:
+        sim.run(2.0)
+        assert sim.value("gpuwatch_gpus_detected") == 2.0
+        assert [sim.value("gpuwatch_gpu_partitions", gpu) for gpu in range(2)] == [1.0, 1.0]
+    finally:
+        sim.close()
 
 
 @over_releases

@@ -49,6 +49,7 @@ import io
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
@@ -129,6 +130,7 @@ class _Gpu:
     edge_limit_zero: bool = False  # an edge limit of 0: amd-smi shows the edge temperature as N/A (see _celsius)
     unique_id: int | None = None  # the driver's unique id (asic_serial), which ROCr names the GPU by
     kfd_node: int | None = None  # the GPU's KFD node: ROCr enumerates GPUs in node order
+    partitions: int = 1  # processor handles of this GPU (compute partitions), known once all are enumerated
     needs_static: bool = True
     needs_slow: bool = True
 
@@ -252,6 +254,9 @@ class AmdSmiBackend:
                 raise BackendUnavailable("AMD SMI lists no processors (amdsmi_get_processor_handles failed)")
             offset = self._index_offset() if callable(self._index_offset) else self._index_offset
             self._gpus = [gpu for i, h in enumerate(handles) if (gpu := self._enumerate(i + offset, h)) is not None]
+            devices = Counter(_pci_device(gpu) for gpu in self._gpus)
+            for gpu in self._gpus:
+                gpu.partitions = devices[_pci_device(gpu)]
             self._open_events()
         except BackendUnavailable:
             self.close()
@@ -474,6 +479,7 @@ class AmdSmiBackend:
             sample.mig_enabled = partition.upper() not in ("SPX", "N/A")
         if not gpu.primary:
             return
+        sample.compute_partitions = gpu.partitions
         self._read_power_caps(gpu, sample)
         self._read_memory_health(gpu, sample)
         self._read_pcie(gpu, sample)
@@ -681,6 +687,12 @@ def _package_version(lib: Any) -> str:
         if getattr(lib, "__name__", "") == "amdsmi":
             return importlib.metadata.version("amdsmi")
     return str(getattr(lib, "__version__", ""))
+
+
+def _pci_device(gpu: _Gpu) -> str:
+    """The PCI device of a processor: compute partitions of one GPU share it, with the partition in the function
+    bits (kfd_topology.c kfd_topology_add_device: location_id |= node_id when the device has several nodes)."""
+    return gpu.identity.pci_bus_id.lower().rpartition(".")[0] or gpu.identity.uuid
 
 
 def _handle_key(handle: Any) -> Hashable:
