@@ -36,7 +36,9 @@ ACTIVE_SHARE of the time since the last poll (see there); its seconds count ever
 
 Compute partitions (MI300X CPX / NPS modes) show one processor handle per partition, each repeating the socket's
 power, energy, temperatures, limits, ECC, PCIe and XGMI readings; only partition 0 of a socket exports those, so
-nothing is counted twice. Resets are reported by the event reader (GPU_PRE_RESET) for partition 0 likewise.
+nothing is counted twice. Resets are reported by the event reader (GPU_PRE_RESET) for partition 0 likewise, and
+partition 0 says how many partitions its GPU has (``compute_partitions``: the processors at its PCI device, where the
+kernel puts the partition in the function bits). The exporter counts a GPU once in gpuwatch_gpus_detected.
 """
 
 from __future__ import annotations
