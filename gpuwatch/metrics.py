@@ -196,13 +196,20 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_probe_temperature_celsius", "gauge", GPU, "Peak core temperature during the last probe."),
     # Host power delivery and sensors
     _m("gpuwatch_host_voltage_volts", "gauge", ("chip", "sensor"), "Supply rail voltage."),
-    _m("gpuwatch_host_voltage_nominal_volts", "gauge", ("chip", "sensor"), "The rail's nominal voltage."),
+    _m(
+        "gpuwatch_host_voltage_nominal_volts",
+        "gauge",
+        ("chip", "sensor"),
+        "The rail's nominal voltage: from its name or sensor map; for a PMBus output (vout1), the standard rail "
+        "(12, 54, 48, 5, 3.3 V) within 20 % of its reading.",
+    ),
     _m(
         "gpuwatch_host_voltage_min_volts",
         "gauge",
         ("chip", "sensor"),
-        "The rail's lower limit as the chip or BMC declares it: its warning limit (PMBus VOUT_UV_WARN_LIMIT, "
-        "hwmon inX_min), else its critical one.",
+        "The rail's lower limit, signed like the rail (judge by magnitude): the warning limit the chip, BMC or "
+        "sensor map declares (PMBus VOUT_UV_WARN_LIMIT, IPMI lower non-critical), else its critical one, else the "
+        "nominal less its ATX tolerance (5 %, 10 % on negative rails).",
     ),
     _m(
         "gpuwatch_host_voltage_alarm",

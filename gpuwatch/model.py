@@ -132,7 +132,9 @@ class HostVoltage:
     sensor: str
     volts: float
     nominal_volts: float | None = None
-    min_volts: float | None = None  # the lower limit the chip or BMC declares: its warning one, else critical
+    # The limit to alert on, signed like the rail (judged by magnitude): the chip's, BMC's or mapping's warning
+    # limit, else its critical one, else nominal × (1 - the rail's ATX tolerance) (gpuwatch/host/rails.py).
+    min_volts: float | None = None
     alarm: bool | None = None  # any of the chip's alarm flags for this input raised, where it has them
     # Each alarm flag the chip has, as (limit, raised): min, lcrit, max, crit as hwmon names the inX_<limit>_alarm
     # attribute, any for a chip's single inX_alarm.

@@ -36,9 +36,10 @@ def test_server_pmbus_supplies_in_volts_with_their_own_limits(tmp_path: Path) ->
     sample = HwmonReader(server_tree(tmp_path), clock=lambda: 100.0).read()
     assert sample.source == "hwmon" and sample.timestamp == 100.0
     rails = volts(sample)
-    # millivolts -> volts; the limit is in*_min (PMBus VOUT_UV_WARN_LIMIT), with or without an in*_lcrit beside it
-    assert rails[("pmbus-i2c-7-58", "vout1")] == (12.112, None, 11.6)
-    assert rails[("pmbus-i2c-7-59", "vout1")] == (11.2, None, 11.6)
+    # millivolts -> volts; the limit is in*_min (PMBus VOUT_UV_WARN_LIMIT), with or without an in*_lcrit beside it;
+    # the nominal of a PMBus "vout1" is the standard rail its reading is near
+    assert rails[("pmbus-i2c-7-58", "vout1")] == (12.112, 12.0, 11.6)
+    assert rails[("pmbus-i2c-7-59", "vout1")] == (11.2, 12.0, 11.6)
     assert rails[("pmbus-i2c-7-58", "vin")] == (229.5, None, 190.0)  # VIN_UV_WARN_LIMIT, not VIN_UV_FAULT_LIMIT
     alarms = {(v.chip, v.sensor): (v.alarm, v.alarms) for v in sample.voltages}
     assert alarms[("pmbus-i2c-7-58", "vout1")] == (False, (("min", False), ("lcrit", False)))
@@ -112,6 +113,43 @@ def test_super_io_alarm_flags_are_not_read(tmp_path: Path) -> None:
     assert not any(k[0] == "gpuwatch_host_voltage_alarm" for k in exported([sample]))
 
 
+def test_a_pmbus_output_without_limits_is_held_to_its_inferred_nominal_and_keeps_it(tmp_path: Path) -> None:
+    """A PMBus supply that declares no VOUT_UV limit (pmbus_core.c creates inX_min/inX_lcrit only for the registers
+    the chip has) had neither a nominal ("vout1" names none) nor a min, so nothing could alert on it. Its nominal is
+    now the standard rail nearest its first reading, kept while the agent runs (a rail sagging past -20 % keeps its
+    12 V), and its min that nominal less ATX's 5 % (ATX12V design guide, Table 2)."""
+    hwmon = add_chip(
+        tmp_path, 0, "devices/pci0000:00/0000:00:1f.4/i2c-7/7-0058", "pmbus", {"in1_label": "vout1", "in1_input": 12100}
+    )
+    reader = HwmonReader(tmp_path)
+    assert volts(reader.read()) == {("pmbus-i2c-7-58", "vout1"): (12.1, 12.0, 11.4)}
+    (hwmon / "in1_input").write_text("9000\n")
+    assert volts(reader.read()) == {("pmbus-i2c-7-58", "vout1"): (9.0, 12.0, 11.4)}
+    # an agent started while the rail already reads 9 V cannot tell what it should be
+    assert volts(HwmonReader(tmp_path).read()) == {("pmbus-i2c-7-58", "vout1"): (9.0, None, None)}
+
+
+def test_a_negative_rail_on_a_labelled_chip_takes_the_limit_toward_zero(tmp_path: Path) -> None:
+    """hwmon limits are signed millivolts (Documentation/hwmon/sysfs-interface.rst): on a -12 V input inX_min is the
+    most negative allowed reading (-13.2 V, too much magnitude) and inX_max the least (-10.8 V), which is where a
+    sagging -12 V rail goes. That one is the rail's min; with neither, ATX's -10.8 V."""
+    files: dict[str, object] = {
+        "in0_label": "-12V",
+        "in0_input": -11300,
+        "in0_min": -13200,
+        "in0_max": -10800,
+        "in1_label": "-12V AUX",
+        "in1_input": -11300,
+        "in1_min": -13200,
+    }
+    add_chip(tmp_path, 0, "devices/platform/i2c_designware.1/i2c-3/3-0040", "ina3221", files)
+    rails = volts(HwmonReader(tmp_path).read())
+    assert rails == {
+        ("ina3221-i2c-3-40", "-12V"): (-11.3, -12.0, -10.8),
+        ("ina3221-i2c-3-40", "-12V AUX"): (-11.3, -12.0, -10.8),
+    }
+
+
 def test_server_temperatures_and_fans_with_node_unique_chip_labels(tmp_path: Path) -> None:
     sample = HwmonReader(server_tree(tmp_path)).read()
     t = temps(sample)
@@ -146,11 +184,12 @@ def test_mapped_super_io_rails_are_scaled_labelled_and_excluded_as_the_mapping_a
     sample = reader.read()
     rails = volts(sample)
     chip = "nct6798-isa-0290"
-    assert rails[(chip, "+12V")] == (12.096, 12.0, 11.4)
-    assert rails[(chip, "+5V")] == (5.08, 5.0, None)
-    assert rails[(chip, "AVCC")] == (3.344, 3.3, None)
-    assert rails[(chip, "+3.3V")] == (3.328, 3.3, None)
-    assert rails[(chip, "3VSB")] == (3.392, 3.3, None)
+    assert rails[(chip, "+12V")] == (12.096, 12.0, 11.4)  # the mapping's min
+    # no min in the mapping (and none read from a Super-I/O chip): the nominal less ATX's 5 %
+    assert rails[(chip, "+5V")] == (5.08, 5.0, 4.75)
+    assert rails[(chip, "AVCC")] == (3.344, 3.3, 3.135)
+    assert rails[(chip, "+3.3V")] == (3.328, 3.3, 3.135)
+    assert rails[(chip, "3VSB")] == (3.392, 3.3, 3.135)
     # Vcore and Vbat are mapped (labelled) but never PSU rails; in5/in6 are not mapped at all
     assert set(rails) == {(chip, s) for s in ("+12V", "+5V", "AVCC", "+3.3V", "3VSB")}
     # the mapping's `ignore` drops the unconnected AUXTIN3 (-62 °C)
@@ -183,7 +222,10 @@ def test_vbat_vcore_and_dimm_rails_never_count_even_on_labelled_chips(tmp_path: 
     }
     add_chip(tmp_path, 0, "devices/platform/i2c_designware.1/i2c-3/3-0040", "ina3221", files)
     rails = volts(HwmonReader(tmp_path).read())
-    assert rails == {("ina3221-i2c-3-40", "P12V"): (12.05, 12.0, 10.8), ("ina3221-i2c-3-40", "P3V3"): (3.31, 3.3, None)}
+    assert rails == {
+        ("ina3221-i2c-3-40", "P12V"): (12.05, 12.0, 10.8),
+        ("ina3221-i2c-3-40", "P3V3"): (3.31, 3.3, 3.135),
+    }
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EIO, errno.ENODATA], ids=["permission-denied", "eio", "enodata"])
@@ -203,8 +245,8 @@ def test_an_unreadable_file_skips_that_sensor_only(tmp_path: Path, monkeypatch: 
     assert set(volts(baseline)) - set(volts(sample)) == {("pmbus-i2c-7-58", "vout1")}
     assert set(temps(baseline)) - set(temps(sample)) == {("coretemp-isa-0000", "Core 0")}
     assert set(fans(baseline)) - set(fans(sample)) == {("pmbus-i2c-7-59", "fan1")}
-    # a threshold that cannot be read leaves the reading without a limit, not without a reading
-    assert volts(sample)[("pmbus-i2c-7-59", "vout1")] == (11.2, None, None)
+    # a threshold that cannot be read leaves the reading with the nominal's tolerance as its limit, not without one
+    assert volts(sample)[("pmbus-i2c-7-59", "vout1")] == (11.2, 12.0, 11.4)
 
 
 def test_real_filesystem_oddities_skip_only_what_they_hit(tmp_path: Path) -> None:

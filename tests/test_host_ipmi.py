@@ -34,16 +34,20 @@ def rails(reader: IpmiReader) -> dict[str, tuple[float, float | None, float | No
     return {v.sensor: (v.volts, v.nominal_volts, v.min_volts) for v in reader.read().voltages}
 
 
-def test_supermicro_rails_with_the_bmc_lower_critical_and_nominal_from_the_name() -> None:
+def test_supermicro_rails_with_the_bmc_lower_non_critical_and_nominal_from_the_name() -> None:
+    """IPMI threshold sensors carry non-critical, critical and non-recoverable thresholds (IPMI v2.0, Get Sensor
+    Thresholds; ipmitool's lnc/lcr/lnr columns), and tools read non-critical as the warning level (FreeIPMI's
+    ipmi-sensors reports it as Warning). The lower non-critical threshold is therefore the rail's min, like a PMBus
+    chip's warning limit (inX_min); it used to be the lower critical one."""
     reader = reader_for(recorded("supermicro_x12"))
     assert rails(reader) == {
-        "12V": (11.968, 12.0, 10.515),
-        "5VCC": (5.026, 5.0, 4.39),
-        "3.3VCC": (3.367, 3.3, 2.882),
-        "5VSB": (5.052, 5.0, 4.39),
-        "3.3VSB": (3.384, 3.3, 2.882),
-        "1.8V PCH": (1.818, 1.8, 1.575),
-        "1.05V PCH": (1.066, 1.05, 0.9),
+        "12V": (11.968, 12.0, 10.8),
+        "5VCC": (5.026, 5.0, 4.5),
+        "3.3VCC": (3.367, 3.3, 2.97),
+        "5VSB": (5.052, 5.0, 4.5),
+        "3.3VSB": (3.384, 3.3, 2.97),
+        "1.8V PCH": (1.818, 1.8, 1.62),
+        "1.05V PCH": (1.066, 1.05, 0.927),
     }  # Vcpu1/2, VDimm*, VBAT (discrete on this BMC), PVNN (the PCH's VNN rail) are not supply rails
 
 

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.host.ipmi import parse_sensor_list, readings_from_sensors
-from gpuwatch.host.rails import is_supply_rail
+from gpuwatch.host.rails import (
+    declared_undervoltage,
+    is_supply_rail,
+    lower_limit,
+    nominal_from_reading,
+    tolerance_for,
+)
+from gpuwatch.host.report import print_host_table
+from gpuwatch.model import HostSample, HostVoltage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ipmi"
 
@@ -59,3 +67,111 @@ def test_openbmc_style_sensor_list_keeps_only_psu_rails() -> None:
         "P3V3_STBY": 3.3,
         "P1V8_PCH_STBY": 1.8,
     }
+
+
+# ATX12V Power Supply Design Guide 2.x, §3.2.1 "DC Voltage Regulation", Table 2: +12V1/+12V2, +5V, +3.3V and +5VSB
+# ±5 % (+11.40, +4.75, +3.14, +4.75 V at the least), −12 V ±10 % (−10.80 V); earlier revisions' −5 V ±10 % too.
+ATX = [(12.0, 0.05, 11.4), (5.0, 0.05, 4.75), (3.3, 0.05, 3.135), (-12.0, 0.10, -10.8), (-5.0, 0.10, -4.5)]
+
+
+@pytest.mark.parametrize(("nominal", "tolerance", "limit"), ATX)
+def test_each_rail_gets_its_atx_tolerance(nominal: float, tolerance: float, limit: float) -> None:
+    """ATX12V Power Supply Design Guide (2.x, §3.2.1, Table 2 "DC Output Voltage Regulation") allows ±5 % on +12 V,
+    +5 V, +3.3 V and +5VSB but ±10 % on −12 V; one 95 % for every rail paged critical on a −12 V rail reading
+    −11.3 V, well inside its regulation range. Without a declared limit a rail's min is its nominal less its own
+    tolerance, with the rail's sign."""
+    assert tolerance_for(nominal) == tolerance
+    assert lower_limit(nominal, None) == limit
+    assert lower_limit(nominal, 1.0) == 1.0  # a declared limit wins
+    assert lower_limit(None, None) is None
+
+
+def _under_min(name: str, volts: float, thresholds: str = "na | na | na | na | na | na") -> bool:
+    """The condition HostPsuRailUndervoltage is to evaluate on what the agent exports: |volts| < |min_volts|."""
+    [rail] = readings_from_sensors(parse_sensor_list(f"{name} | {volts} | Volts | ok | {thresholds}\n"))[0]
+    assert rail.min_volts is not None
+    return abs(rail.volts) < abs(rail.min_volts)
+
+
+def test_negative_rails_are_judged_within_their_ten_percent_and_positive_ones_within_five() -> None:
+    """The four cases of the alert, on the agent's min_volts (ATX12V design guide, Table 2): −11.3 V on −12 V is
+    inside −12 V's ±10 % (silent), −10.7 V is outside (fires); 11.2 V on +12 V is outside its ±5 % (fires), 11.5 V
+    is inside (silent)."""
+    assert not _under_min("-12V", -11.3)
+    assert _under_min("-12V", -10.7)
+    assert _under_min("12V", 11.2)
+    assert not _under_min("12V", 11.5)
+
+
+def test_a_negative_rail_takes_the_bmc_threshold_on_its_undervoltage_side() -> None:
+    """A −12 V rail sags toward 0 V, through the thresholds above it: a BMC that declares −12 V's lower critical as
+    −13.2 V (the signed minimum, i.e. too much magnitude) and its upper critical as −10.8 V gets −10.8 V as min,
+    never −13.2 V, against which −12.05 V would read as under its limit by magnitude. A BMC that writes the
+    undervoltage limit into lcr (−10.8 V) gets the same; one that declares only −13.2 V gets ATX's −10.8 V."""
+    rails = readings_from_sensors(
+        parse_sensor_list(
+            "-12V | -12.050 | Volts | ok | na | -13.200 | na | na | -10.800 | na\n"
+            "N12V | -12.050 | Volts | ok | na | -10.800 | na | na | na | na\n"
+            "12V NEG | -12.050 | Volts | ok | -13.800 | -13.200 | na | na | na | na\n"
+            "-5V | -5.020 | Volts | ok | na | -5.500 | na | -4.750 | -4.500 | na\n"
+        )
+    )[0]
+    assert {v.sensor: v.min_volts for v in rails} == {"-12V": -10.8, "N12V": -10.8, "12V NEG": -10.8, "-5V": -4.75}
+    assert not any(abs(v.volts) < abs(v.min_volts or 0) for v in rails)
+
+
+def test_a_declared_limit_that_is_no_limit_is_ignored() -> None:
+    """0 (unset) and limits above the nominal (a BMC default, a chip's register garbage) are no undervoltage limit:
+    the rail falls back to its nominal's tolerance instead of alerting forever or never."""
+    assert declared_undervoltage(12.0, [0.0, 65.535]) is None
+    assert declared_undervoltage(12.0, [11.6, 11.4]) == 11.6  # nearest the nominal: the warning limit
+    assert declared_undervoltage(None, [0.0, 190.0]) == 190.0  # no nominal (an AC input): the first positive
+    assert declared_undervoltage(-12.0, [-13.2], [-11.4, -10.8]) == -11.4
+
+
+@pytest.mark.parametrize(
+    ("name", "volts", "nominal"),
+    [
+        ("vout1", 12.1, 12.0),
+        ("vout1", 11.2, 12.0),
+        ("vout1", 10.0, 12.0),  # -17 %: still 12 V
+        ("vout2", 54.3, 54.0),
+        ("vout1", 51.6, 54.0),
+        ("vout1", 48.4, 48.0),
+        ("vout3", 5.02, 5.0),
+        ("vout1", 3.31, 3.3),
+        ("vout1", 1.8, None),  # a VRM's output: no standard rail near it
+        ("vout1", 2.5, None),
+        ("vout1", 9.5, None),  # 12 V less 21 %: neither 12 nor 5
+        ("vout1", 24.0, None),
+        ("vout1", 0.0, None),
+        ("vin", 12.0, None),  # an input is never judged by its reading
+        ("vin", 230.0, None),
+        ("P12V_AUX", 12.0, None),  # other names state their nominal or have none
+    ],
+)
+def test_a_pmbus_output_gets_the_nominal_of_the_nearest_standard_rail(
+    name: str, volts: float, nominal: float | None
+) -> None:
+    """PMBus chips label their outputs vout1 … voutN (drivers/hwmon/pmbus/pmbus_core.c), which names no voltage, so
+    the 95 % check never applied to them. The nominal is the standard rail (12, 54, 48, 5, 3.3 V) nearest the
+    reading, within ±20 %: the rails lie at least 20 % apart (48/54 V excepted), twice ATX's widest tolerance."""
+    assert nominal_from_reading(name, volts) == nominal
+
+
+def test_the_snapshot_table_judges_rails_like_the_alert(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpuwatch snapshot` marks a rail BELOW MIN by magnitude (a -12 V rail at -10.7 V, not at -11.3 V) and names
+    the alarm flags a chip raised."""
+    sample = HostSample(
+        "hwmon",
+        0.0,
+        voltages=(
+            HostVoltage("ipmi", "-12V", -11.3, -12.0, -10.8),
+            HostVoltage("ipmi", "-12V B", -10.7, -12.0, -10.8),
+            HostVoltage("pmbus-i2c-7-58", "vout1", 11.7, 12.0, 11.6, True, (("min", True), ("lcrit", False))),
+        ),
+    )
+    print_host_table([sample], {})
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row[:40].strip() for row in rows] == ["ipmi -12V", "ipmi -12V B", "pmbus-i2c-7-58 vout1"]
+    assert [row[69:].strip() for row in rows] == ["ok", "BELOW MIN", "ALARM (min)"]

@@ -8,6 +8,7 @@ tests and the simulated node. Every file is read on its own: an absent sensor (E
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -16,7 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from gpuwatch.host.rails import is_supply_rail, nominal_from_name
+from gpuwatch.host.rails import (
+    declared_undervoltage,
+    is_supply_rail,
+    lower_limit,
+    nominal_from_name,
+    nominal_from_reading,
+)
 from gpuwatch.host.sensormap import ChipMap, InputMap, find_input, has_mapping
 from gpuwatch.model import HostReadingValue, HostSample, HostVoltage
 
@@ -58,6 +65,7 @@ class HwmonReader:
         self.maps = tuple(maps)
         self._clock = clock
         self._warned: set[str] = set()
+        self._nominals: dict[tuple[str, str], float] = {}  # (chip label, input) -> nominal inferred from a reading
 
     @property
     def hwmon_dir(self) -> Path:
@@ -128,6 +136,17 @@ class HwmonReader:
             fans=tuple(_unique(fans)),
         )
 
+    def _inferred_nominal(self, chip: Chip, key: str, name: str, volts: float) -> float | None:
+        """A PMBus output's nominal from its reading (rails.nominal_from_reading), inferred once per input and kept
+        while the agent runs: a rail's nominal does not change, and inferring it again at every read would lose it
+        exactly when the rail sags furthest."""
+        known = self._nominals.get((chip.label, key))
+        if known is None:
+            known = nominal_from_reading(name, volts)
+            if known is not None:
+                self._nominals[(chip.label, key)] = known
+        return known
+
     def _voltage(self, chip: Chip, key: str, mapping: InputMap | None) -> HostVoltage | None:
         """A supply rail in volts, or None: unmapped Super-I/O pins, Vbat/Vcore/DIMM rails, unreadable inputs."""
         if chip.super_io and mapping is None:
@@ -140,19 +159,26 @@ class HwmonReader:
             return None
         volts = _scaled(raw / 1000.0, mapping)
         nominal = mapping.nominal if mapping is not None and mapping.nominal is not None else nominal_from_name(name)
-        minimum = mapping.min if mapping is not None else None
-        if minimum is None and not chip.super_io:
+        if nominal is None and not chip.super_io:
+            nominal = self._inferred_nominal(chip, key, name, volts)
+        declared = mapping.min if mapping is not None else None
+        if declared is None and not chip.super_io:
             # The chip's low warning limit, else its lower critical one. On PMBus chips inX_min is VOUT_UV_WARN_LIMIT
             # and inX_lcrit VOUT_UV_FAULT_LIMIT (pmbus_core.c, vout_limit_attrs): at the fault limit the supply
-            # shuts its output down or retries, so the warning is the one that leaves time to act.
-            for suffix in ("min", "lcrit"):
-                threshold = _read_number(chip.path / f"{key}_{suffix}")
-                if threshold is not None and threshold > 0:
-                    minimum = _scaled(threshold / 1000.0, mapping)
-                    break
+            # shuts its output down or retries, so the warning is the one that leaves time to act. A negative rail
+            # sags toward its max/crit instead (declared_undervoltage).
+            lower = _limits(chip.path, key, mapping, "min", "lcrit")
+            declared = declared_undervoltage(nominal, lower, _limits(chip.path, key, mapping, "max", "crit"))
+        minimum = lower_limit(nominal, declared)
         alarms = () if chip.super_io else _alarms(chip.path, key)
         alarm = any(flag for _, flag in alarms) if alarms else None
         return HostVoltage(chip.label, name, volts, nominal, minimum, alarm, alarms)
+
+
+def _limits(chip: Path, key: str, mapping: InputMap | None, *suffixes: str) -> list[float]:
+    """The input's limits that can be read (inX_min, inX_lcrit …), in volts, in the order asked."""
+    values = (_read_number(chip / f"{key}_{suffix}") for suffix in suffixes)
+    return [_scaled(v / 1000.0, mapping) for v in values if v is not None]
 
 
 # The alarm attributes of a voltage input (Documentation/hwmon/sysfs-interface.rst), by the limit they are raised at:
@@ -251,9 +277,10 @@ def _read_number(path: Path) -> float | None:
         return float(int(text))
     except ValueError:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             return None
+        return value if math.isfinite(value) else None  # "nan", "inf": no reading
 
 
 def _natural(name: str) -> tuple[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwatch.host.rails import is_supply_rail, nominal_from_name
+from gpuwatch.host.rails import declared_undervoltage, is_supply_rail, lower_limit, nominal_from_name
 from gpuwatch.model import HostPsu, HostReadingValue, HostSample, HostVoltage
 from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
 
@@ -101,9 +102,10 @@ class PsuState:
 
 def _number(text: str) -> float | None:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None  # na, ns, "Not Readable", "disabled", hex states of discrete sensors
+    return value if math.isfinite(value) else None  # "nan", "inf" are no reading either
 
 
 def parse_sensor_list(text: str) -> list[IpmiSensor]:
@@ -152,13 +154,23 @@ def readings_from_sensors(
             continue
         if kind == "volts":
             if is_supply_rail(name):
-                minimum = sensor.thresholds.get("lcr")
-                voltages.append(HostVoltage(CHIP, name, sensor.value, nominal_from_name(name), minimum or None))
+                nominal = nominal_from_name(name)
+                voltages.append(HostVoltage(CHIP, name, sensor.value, nominal, _lower_limit(sensor, nominal)))
         elif kind == "temp":
             temperatures.append(HostReadingValue(CHIP, name, sensor.value))
         else:
             fans.append(HostReadingValue(CHIP, name, sensor.value))
     return voltages, temperatures, fans
+
+
+def _lower_limit(sensor: IpmiSensor, nominal: float | None) -> float | None:
+    """The rail's limit to alert on: the BMC's lower non-critical threshold (IPMI's warning level), else its lower
+    critical, else non-recoverable one; on a negative rail the upper ones, which lie toward 0 (rails.py); else the
+    nominal less its ATX tolerance."""
+    t = sensor.thresholds
+    lower = [t[k] for k in ("lnc", "lcr", "lnr") if k in t]
+    upper = [t[k] for k in ("unc", "ucr", "unr") if k in t]
+    return lower_limit(nominal, declared_undervoltage(nominal, lower, upper))
 
 
 def run_command(argv: Sequence[str], timeout_s: float) -> str:

@@ -49,8 +49,10 @@ def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) ->
     if voltages:
         print(f"{'rail':<40} {'V':>8} {'nominal':>8} {'min':>8}  state")
         for v in voltages:
-            low = v.min_volts is not None and v.volts < v.min_volts
-            state = "BELOW MIN" if low else ("ALARM" if v.alarm else "ok")
+            # by magnitude, like HostPsuRailUndervoltage: -10.7 V is under a -12 V rail's -10.8 V, -11.3 V is not
+            low = v.min_volts is not None and abs(v.volts) < abs(v.min_volts)
+            raised = [limit for limit, flag in v.alarms if flag]
+            state = "BELOW MIN" if low else (f"ALARM ({', '.join(raised)})" if raised else "ok")
             print(
                 f"{(v.chip + ' ' + v.sensor)[:40]:<40} {v.volts:>8.3f} {_num(v.nominal_volts):>8} "
                 f"{_num(v.min_volts):>8}  {state}"
