@@ -111,6 +111,7 @@ def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
 
 def _host(snap: StoreSnapshot, out: _Families) -> None:
     """Host rails, supplies, temperatures and fans of every fresh host source (hwmon, ipmi)."""
+    powered: set[str] = set()
     for sample in snap.host:
         for v in sample.voltages:
             out.add("gpuwatch_host_voltage_volts", (v.chip, v.sensor), v.volts)
@@ -120,10 +121,16 @@ def _host(snap: StoreSnapshot, out: _Families) -> None:
                 out.add("gpuwatch_host_voltage_alarm", (v.chip, v.sensor, limit), raised)
         for psu in sample.psus:
             out.add("gpuwatch_host_psu_up", (psu.psu,), psu.up)
+        for power in sample.psu_power:
+            if power.psu not in powered:  # one series per supply, whichever source named it first
+                powered.add(power.psu)
+                out.add("gpuwatch_host_psu_power_watts", (power.psu,), power.watts)
         for t in sample.temperatures:
             out.add("gpuwatch_host_temperature_celsius", (t.chip, t.sensor), t.value)
         for f in sample.fans:
             out.add("gpuwatch_host_fan_rpm", (f.chip, f.sensor), f.value)
+    verdicts = [s.psu_redundancy_lost for s in snap.host if s.psu_redundancy_lost is not None]
+    out.add("gpuwatch_host_psu_redundancy_lost", (), any(verdicts) if verdicts else None)
 
 
 def _info(identity: GpuIdentity, out: _Families) -> None:

@@ -219,6 +219,21 @@ _SPECS: tuple[MetricSpec, ...] = (
         "a single inX_alarm), else 0; only for alarm flags the chip has.",
     ),
     _m("gpuwatch_host_psu_up", "gauge", ("psu",), "1 = power supply present and OK."),
+    _m(
+        "gpuwatch_host_psu_power_watts",
+        "gauge",
+        ("psu",),
+        "Power the supply draws from its feed (a BMC's PSU input-power sensor, PMBus READ_PIN), else the power it "
+        "delivers where that is all the BMC or chip reports; psu as on gpuwatch_host_psu_up for a BMC's supplies, "
+        "the chip label for a PMBus supply read through hwmon.",
+    ),
+    _m(
+        "gpuwatch_host_psu_redundancy_lost",
+        "gauge",
+        (),
+        "1 when power-supply redundancy is lost: the BMC's redundancy sensor (Redundancy Lost, Non-redundant), "
+        "else two or more supplies known and one not up; 0 when redundant; absent when neither tells.",
+    ),
     _m("gpuwatch_host_temperature_celsius", "gauge", ("chip", "sensor"), "Host temperature sensor."),
     _m("gpuwatch_host_fan_rpm", "gauge", ("chip", "sensor"), "Host fan speed."),
 )

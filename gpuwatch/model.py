@@ -160,6 +160,15 @@ class HostPsu:
 
 
 @dataclass(frozen=True, slots=True)
+class HostPsuPower:
+    """The power one supply draws from its feed, or delivers where that is all its BMC or PMBus chip reports."""
+
+    psu: str  # the name gpuwatch_host_psu_up has for the same supply (BMC), or the PMBus chip's label
+    watts: float
+    sensor: str = ""  # what it was read from: the BMC's sensor name, or the chip's pin/poutN
+
+
+@dataclass(frozen=True, slots=True)
 class HostSample:
     """One read of one host source (hwmon or ipmi); empty on a machine without that source (VMs, cloud nodes)."""
 
@@ -169,3 +178,7 @@ class HostSample:
     psus: tuple[HostPsu, ...] = ()
     temperatures: tuple[HostReadingValue, ...] = ()
     fans: tuple[HostReadingValue, ...] = ()
+    psu_power: tuple[HostPsuPower, ...] = ()
+    # True: the supplies left cannot carry the node if one more fails (the BMC's redundancy sensor, else two or more
+    # supplies known and one not up); None: this source cannot tell.
+    psu_redundancy_lost: bool | None = None

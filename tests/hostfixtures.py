@@ -66,6 +66,11 @@ def pmbus_psu(vout_mv: int, *, lcrit: bool = True, alarm: int = 0) -> dict[str, 
         "temp1_input": 31500,
         "temp2_input": 36250,
         "fan1_input": 6336,
+        # pmbus_core: power1 is the input (READ_PIN, "pin"), power2 the output (READ_POUT, "pout1"), in microwatts
+        "power1_label": "pin",
+        "power1_input": 412500000,
+        "power2_label": "pout1",
+        "power2_input": 380000000,
     }
     if lcrit:
         files["in2_lcrit"] = 11400

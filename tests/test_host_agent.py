@@ -32,6 +32,20 @@ def test_psu_undervoltage_shows_the_rail_below_its_lower_critical_in_metrics(tmp
         sim.close()
 
 
+def test_psu_undervoltage_loses_redundancy_with_both_supplies_up(tmp_path: Path) -> None:
+    """The BMC (read every 60 s) reports Redundancy Lost once the sag starts: the node draws more than one supply can
+    carry, both supplies still up (HostPsuRedundancyLost without HostPsuFailed); PS2 carries more than PS1."""
+    sim = SimAgent(tmp_path, scenario="psu_undervoltage")
+    try:
+        sim.run(65.0)
+        assert sim.value("gpuwatch_host_psu_redundancy_lost") == 1.0
+        assert [sim.value("gpuwatch_host_psu_up", psu=f"PS{n} Status") for n in (1, 2)] == [1.0, 1.0]
+        assert sim.value("gpuwatch_host_psu_power_watts", psu="PS1 Status") == 2380.0
+        assert sim.value("gpuwatch_host_psu_power_watts", psu="PS2 Status") == 3290.0
+    finally:
+        sim.close()
+
+
 def test_healthy_node_has_rails_over_their_limits_supplies_up_temperatures_and_fans(tmp_path: Path) -> None:
     sim = SimAgent(tmp_path, scenario="healthy")
     try:
@@ -40,6 +54,10 @@ def test_healthy_node_has_rails_over_their_limits_supplies_up_temperatures_and_f
         assert sim.value("gpuwatch_host_voltage_nominal_volts", chip="ipmi", sensor="12V") == 12.0
         assert sim.value("gpuwatch_host_psu_up", psu="PS1 Status") == 1.0
         assert sim.value("gpuwatch_host_psu_up", psu="PS2 Status") == 1.0
+        # per-supply input power under the psu names of gpuwatch_host_psu_up; the BMC says fully redundant
+        assert sim.value("gpuwatch_host_psu_power_watts", psu="PS1 Status") == 612.0
+        assert sim.value("gpuwatch_host_psu_power_watts", psu="PS2 Status") == 598.0
+        assert sim.value("gpuwatch_host_psu_redundancy_lost") == 0.0
         assert sim.value("gpuwatch_host_temperature_celsius", chip="coretemp-isa-0000", sensor="Package id 0") == 41
         assert sim.value("gpuwatch_host_fan_rpm", chip="pmbus-i2c-7-58", sensor="fan1") == 6400
         assert sim.value("gpuwatch_host_voltage_volts", chip="ipmi", sensor="VBAT") is None
@@ -99,6 +117,10 @@ def test_snapshot_json_shows_rails_supplies_and_temperatures(tmp_path: Path) -> 
     rails = {(v["chip"], v["sensor"]): v for v in host["voltages"]}
     assert rails[("pmbus-i2c-7-58", "vout1")]["min_volts"] == 11.6
     assert {p["psu"]: p["up"] for p in host["psus"]} == {"PS1 Status": True, "PS2 Status": True}
+    assert {p["psu"]: p["watts"] for p in host["psu_power"]} == {"PS1 Status": 612.0, "PS2 Status": 598.0}
+    assert host["psu_redundancy_lost"] is False
     assert any(t["chip"] == "nvme-pci-0100" for t in host["temperatures"])
     table = gpuwatch("snapshot", "--backend", "simulated", "--scenario", "healthy")
     assert "pmbus-i2c-7-58 vout1" in table.stdout and "power supply PS1 Status: ok" in table.stdout
+    assert "power supply load: PS1 Status 612 W, PS2 Status 598 W" in table.stdout
+    assert "power supply redundancy: ok" in table.stdout

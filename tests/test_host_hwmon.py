@@ -150,6 +150,34 @@ def test_a_negative_rail_on_a_labelled_chip_takes_the_limit_toward_zero(tmp_path
     }
 
 
+def test_pmbus_supplies_report_their_input_power_and_regulators_are_no_supplies(tmp_path: Path) -> None:
+    """Documentation/hwmon/pmbus.rst: "powerX_input: Measured power. From READ_PIN or READ_POUT register",
+    "powerX_label: "pin" or "poutY""; Documentation/hwmon/sysfs-interface.rst: power in microwatts. A supply's input
+    power (pin) is exported as gpuwatch_host_psu_power_watts{psu=<chip label>}, its output (pout1) where it reports
+    nothing else. PMBus CPU/GPU regulators carry pin/pout too: a chip counts as a supply only with its own fan or an
+    AC input (vin at 90 V or more), which regulators and 54->12 V bus converters lack."""
+    root = server_tree(tmp_path)
+    i2c = "devices/pci0000:00/0000:00:1f.4/i2c-8"
+    regulator = {"in1_label": "vin", "in1_input": 12000, "in2_label": "vout1", "in2_input": 1800}
+    regulator |= {"power1_label": "pin", "power1_input": 310000000, "power2_label": "pout1", "power2_input": 290000000}
+    add_chip(root, 6, f"{i2c}/8-0060", "xdpe12284", regulator)
+    converter = {"in1_label": "vin", "in1_input": 54100, "power1_label": "pin", "power1_input": 980000000}
+    add_chip(root, 7, f"{i2c}/8-0061", "q54sj108a2", converter)
+    output_only = {"in1_label": "vin", "in1_input": 230000, "power1_label": "pout1", "power1_input": 1200000000}
+    add_chip(root, 8, f"{i2c}/8-0058", "pmbus", output_only)
+    broken = {"fan1_input": 5000, "power1_label": "pin", "power1_input": "garbage", "power2_label": "pout1"}
+    add_chip(root, 9, f"{i2c}/8-0059", "pmbus", broken | {"power2_input": -5})
+    sample = HwmonReader(root).read()
+    assert [(p.psu, p.watts, p.sensor) for p in sample.psu_power] == [
+        ("pmbus-i2c-7-58", 412.5, "pin"),
+        ("pmbus-i2c-7-59", 412.5, "pin"),
+        ("pmbus-i2c-8-58", 1200.0, "pout1"),
+    ]
+    power = {k[1]: v for k, v in exported([sample]).items() if k[0] == "gpuwatch_host_psu_power_watts"}
+    assert power == {"pmbus-i2c-7-58": 412.5, "pmbus-i2c-7-59": 412.5, "pmbus-i2c-8-58": 1200.0}
+    assert HwmonReader(workstation_tree(tmp_path / "ws")).read().psu_power == ()
+
+
 def test_server_temperatures_and_fans_with_node_unique_chip_labels(tmp_path: Path) -> None:
     sample = HwmonReader(server_tree(tmp_path)).read()
     t = temps(sample)

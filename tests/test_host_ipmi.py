@@ -9,8 +9,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hostfixtures import exported
 
-from gpuwatch.host.ipmi import IpmiError, IpmiReader, parse_psu_states, parse_sensor_list, readings_from_sensors
+from gpuwatch.host.ipmi import (
+    IpmiError,
+    IpmiReader,
+    IpmiSensor,
+    parse_psu_states,
+    parse_sensor_list,
+    psu_power_from_sensors,
+    readings_from_sensors,
+    redundancy_lost,
+)
+from gpuwatch.model import HostPsu, HostSample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ipmi"
 
@@ -94,6 +105,95 @@ def test_lenovo_failure_detected_unpopulated_bays_and_vccin_excluded() -> None:
         "Planar 5V": (5.07, 5.0, 4.5),
         "Planar 12V": (12.16, 12.0, 10.84),
     }
+
+
+def power(sample: HostSample) -> dict[str, float]:
+    return {p.psu: p.watts for p in sample.psu_power}
+
+
+def test_supply_power_from_the_bmc_under_the_names_psu_up_has() -> None:
+    """`ipmitool sensor` rows with unit Watts that name a supply become gpuwatch_host_psu_power_watts{psu}, under the
+    label gpuwatch_host_psu_up has for the supply of that number (HPE's "Power Supply 1", Lenovo's "PSU1"), so the two
+    join on psu. A supply without a reading (na) is left out; the node's own totals (Dell's "Pwr Consumption", HPE's
+    "Power Meter") name no supply and are left out rather than counted as one."""
+    assert power(reader_for(recorded("hpe_ilo5")).read()) == {"Power Supply 1": 180.0, "Power Supply 2": 0.0}
+    assert power(reader_for(recorded("lenovo_xcc")).read()) == {"PSU1": 410.0}
+    assert power(reader_for(recorded("dell_idrac9")).read()) == {}
+    watts = "| Watts | ok | na | na | na | na | na | na\n"
+    sensors = parse_sensor_list(
+        f"PS1 Output Power | 561.000 {watts}"
+        f"PS1 Input Power | 612.000 {watts}"
+        f"PSU2 Power Out | 498.000 {watts}"
+        f"PS3_Input_Power | 75.000 {watts}"
+        f"PS4 Input Power | -3.000 {watts}"
+        f"PS5 Input Power | nan {watts}"
+        f"CPU1 Power | 280.000 {watts}"
+        f"Pwr Consumption | 1183.000 {watts}"
+    )
+    found = psu_power_from_sensors(sensors, ["PS1 Status", "PS2 Status", "Status 10.3"])
+    # input power over output power; the psu label of that number; unknown supplies as their name says them
+    assert [(p.psu, p.watts, p.sensor) for p in found] == [
+        ("PS1 Status", 612.0, "PS1 Input Power"),
+        ("PS2 Status", 498.0, "PSU2 Power Out"),
+        ("Status 10.3", 75.0, "PS3_Input_Power"),
+    ]
+    assert power_from(sensors, []) == {"PS1": 612.0, "PSU2": 498.0, "PS3": 75.0}
+
+
+def power_from(sensors: list[IpmiSensor], labels: list[str]) -> dict[str, float]:
+    return {p.psu: p.watts for p in psu_power_from_sensors(sensors, labels)}
+
+
+@pytest.mark.parametrize(
+    ("vendor", "lost"),
+    [
+        ("dell_idrac9", True),  # PS Redundancy: Redundancy Lost
+        ("hpe_ilo5", False),  # Power Supplies: Fully Redundant (PSU2's predictive failure still delivers)
+        ("lenovo_xcc", True),  # PSU Redundancy: Not Readable -> derived: PSU2 failed
+        ("supermicro_x12", True),  # no redundancy sensor -> derived: PS2 AC lost
+        ("openbmc_x13", None),  # one supply: no redundancy to lose
+    ],
+)
+def test_redundancy_from_the_bmc_sensor_else_from_the_supplies(vendor: str, lost: bool | None) -> None:
+    """The BMC's power-supply redundancy sensor (IPMI generic event/reading type 0Bh, "Redundancy": Fully
+    Redundant, Redundancy Lost, Redundancy Degraded, Non-redundant:…) says it where it reads; else two or more
+    supplies known with one not up is redundancy lost. gpuwatch_host_psu_redundancy_lost is 1/0, absent on a single
+    supply."""
+    sample = reader_for(recorded(vendor)).read()
+    assert sample.psu_redundancy_lost is lost
+    series = exported([sample]).get(("gpuwatch_host_psu_redundancy_lost",))
+    assert series == (None if lost is None else float(lost))
+
+
+@pytest.mark.parametrize(
+    ("state", "lost"),
+    [
+        ("Fully Redundant", False),
+        ("Redundancy Lost", True),
+        ("Redundancy Degraded", False),  # lost some redundancy, still redundant
+        ("Non-redundant:Sufficient Resources from Redundant", True),
+        ("Non-Redundant: Sufficient Resources from Insufficient Resources", True),
+        ("Non-redundant:Insufficient Resources", True),
+        ("Redundancy Degraded from Fully Redundant", False),
+        ("Redundancy Degraded from Non-redundant", False),  # regained some: redundant again
+        ("Not Readable", None),
+        ("", None),
+    ],
+)
+def test_every_redundancy_state_ipmi_defines(state: str, lost: bool | None) -> None:
+    """The eight states of IPMI's Redundancy event/reading type (0Bh) as ipmitool and FreeIPMI print them; DMTF's
+    Redfish message registry words them: "Redundancy Degraded from Fully Redundant: Unit has lost some redundant
+    resource(s) but is still in a redundant state", "Non-redundant:Insufficient Resources: Unit is non-redundant and
+    has insufficient resource to maintain normal operation". A state that says nothing leaves the verdict to the
+    supplies (here one up supply: no verdict)."""
+    states = parse_psu_states(
+        f"PS1 Status | C8h | ok | 10.1 | Presence detected\nPS Redundancy | CAh | ok | 19.1 | {state}\n"
+    )
+    assert redundancy_lost(states, [HostPsu("PS1 Status", True)]) is lost
+    # a redundancy sensor the BMC cannot read (ns) says nothing either: two supplies, one down, is lost
+    states = parse_psu_states("PS Redundancy | CAh | ns | 19.1 | Fully Redundant\n")
+    assert redundancy_lost(states, [HostPsu("PS1", True), HostPsu("PS2", False)]) is True
+    assert redundancy_lost(states, [HostPsu("PS1", True), HostPsu("PS2", True)]) is False
 
 
 def test_a_supply_seen_once_that_disappears_is_down_and_remembered_across_restarts(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from gpuwatch.host.rails import (
     nominal_from_reading,
 )
 from gpuwatch.host.sensormap import ChipMap, InputMap, find_input, has_mapping
-from gpuwatch.model import HostReadingValue, HostSample, HostVoltage
+from gpuwatch.model import HostPsuPower, HostReadingValue, HostSample, HostVoltage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ PCI_ADDRESS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$"
 I2C_CLIENT = re.compile(r"^(\d+)-([0-9a-f]{4})$")
 PLATFORM_DEVICE = re.compile(r"^(.+)\.(\d+)$")
 _INPUT = re.compile(r"^(in|temp|fan)(\d+)_input$")
+_POWER = re.compile(r"^power(\d+)_input$")
+# pmbus_core.c labels a chip's input power "pin" (READ_PIN) and its outputs' "pout1" … (READ_POUT, one per page).
+_PMBUS_POWER = re.compile(r"^(pin|pout\d*)$")
+AC_INPUT_MIN_VOLTS = 90.0  # the lowest AC mains a server supply takes (100 V less 10 %)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +103,12 @@ class HwmonReader:
         voltages: list[HostVoltage] = []
         temperatures: list[HostReadingValue] = []
         fans: list[HostReadingValue] = []
+        power: list[HostPsuPower] = []
         board = self.board_name()
         for chip in self.chips():
+            supply = None if chip.super_io else _psu_power(chip)
+            if supply is not None:
+                power.append(supply)
             mapped = has_mapping(self.maps, chip.label, board)
             if chip.super_io and not mapped and chip.label not in self._warned:
                 self._warned.add(chip.label)
@@ -134,6 +142,7 @@ class HwmonReader:
             voltages=tuple(_unique(voltages)),
             temperatures=tuple(_unique(temperatures)),
             fans=tuple(_unique(fans)),
+            psu_power=tuple(power),
         )
 
     def _inferred_nominal(self, chip: Chip, key: str, name: str, volts: float) -> float | None:
@@ -173,6 +182,41 @@ class HwmonReader:
         alarms = () if chip.super_io else _alarms(chip.path, key)
         alarm = any(flag for _, flag in alarms) if alarms else None
         return HostVoltage(chip.label, name, volts, nominal, minimum, alarm, alarms)
+
+
+def _psu_power(chip: Chip) -> HostPsuPower | None:
+    """A PMBus power supply's power, from powerX_input (microwatts, Documentation/hwmon/sysfs-interface.rst) of the
+    input labelled "pin", else of its first output ("pout1" …), or None.
+
+    PMBus core gives CPU and GPU voltage regulators the same pin/pout (mp2975, xdpe12284, the 54→12 V converters of
+    GPU baseboards); those are no supply and are left out. A supply is a PMBus chip with its own fan or an AC input
+    ("vin" at 90 V or more): regulators and bus converters have neither."""
+    try:
+        names = os.listdir(chip.path)
+    except OSError:
+        return None
+    found: dict[str, float] = {}
+    for index in sorted(int(m.group(1)) for m in map(_POWER.match, names) if m):
+        label = _read_text(chip.path / f"power{index}_label") or ""
+        microwatts = _read_number(chip.path / f"power{index}_input")
+        if _PMBUS_POWER.match(label) and microwatts is not None and microwatts >= 0:
+            found.setdefault(label, microwatts / 1e6)
+    if not found or not _is_supply(chip.path, names):
+        return None
+    label = "pin" if "pin" in found else next(iter(found))
+    return HostPsuPower(chip.label, round(found[label], 6), label)
+
+
+def _is_supply(chip: Path, names: Sequence[str]) -> bool:
+    if any(re.match(r"^fan\d+_input$", n) for n in names):
+        return True
+    for entry in names:
+        match = _INPUT.match(entry)
+        if match and match.group(1) == "in" and _read_text(chip / f"in{match.group(2)}_label") == "vin":
+            millivolts = _read_number(chip / entry)
+            if millivolts is not None and millivolts / 1000.0 >= AC_INPUT_MIN_VOLTS:
+                return True
+    return False
 
 
 def _limits(chip: Path, key: str, mapping: InputMap | None, *suffixes: str) -> list[float]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwatch.host.rails import declared_undervoltage, is_supply_rail, lower_limit, nominal_from_name
-from gpuwatch.model import HostPsu, HostReadingValue, HostSample, HostVoltage
+from gpuwatch.model import HostPsu, HostPsuPower, HostReadingValue, HostSample, HostVoltage
 from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,17 @@ THRESHOLDS = ("lnr", "lcr", "lnc", "unc", "ucr", "unr")
 _FAILED = re.compile(r"failure detected|predictive failure|ac lost|out-of-range|config(uration)? error", re.I)
 _PRESENT = re.compile(r"presence detected", re.I)
 _REDUNDANCY = re.compile(r"redundan", re.I)
+# The redundancy states (IPMI generic event/reading type 0Bh, as ipmitool and FreeIPMI print them): Fully Redundant,
+# Redundancy Lost, Redundancy Degraded, Non-redundant:Sufficient Resources from Redundant / from Insufficient
+# Resources, Non-redundant:Insufficient Resources, Redundancy Degraded from Fully Redundant / from Non-redundant.
+# "Degraded" still has redundancy (a unit lost some, not all); "from Non-redundant" is not a non-redundant state.
+_REDUNDANCY_KEPT = re.compile(r"fully redundant|redundancy regained|redundancy degraded", re.I)
+_REDUNDANCY_LOST = re.compile(r"redundancy lost|(?<!from )non-?\s?redundant", re.I)
+# A supply's number in a sensor name: PS1 Status, PSU2 Power Out, Power Supply 1, PSU0_STATUS, PWS 2.
+_PSU_NUMBER = re.compile(r"(?<![a-z0-9])(?:psu|ps|pws|power\s*supply)\s*[_-]?\s*(\d+)(?![0-9])", re.I)
+_ENTITY_PSU = re.compile(r"(?:^|\s)10\.(\d+)$")  # entity ID 10 (0Ah) is "power supply": 10.2 = the second
+_POWER_IN = re.compile(r"(?<![a-z])(?:in|input|pin|ac)(?![a-z])", re.I)
+_POWER_OUT = re.compile(r"(?<![a-z])(?:out|output|pout|dc)(?![a-z])", re.I)
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -106,6 +117,58 @@ def _number(text: str) -> float | None:
     except ValueError:
         return None  # na, ns, "Not Readable", "disabled", hex states of discrete sensors
     return value if math.isfinite(value) else None  # "nan", "inf" are no reading either
+
+
+def redundancy_lost(states: Sequence[PsuState], psus: Sequence[HostPsu]) -> bool | None:
+    """Whether the node has lost power-supply redundancy, or None where nothing tells.
+
+    The BMC's redundancy sensor says it where it has one and reads it: Redundancy Lost or a Non-redundant state is
+    lost; Fully Redundant or Redundancy Degraded (some redundancy left) is not. Without one (or with one that is
+    "Not Readable"), two or more supplies known of which one is not up is lost, all up is not; a single supply has
+    no redundancy to lose and says nothing."""
+    verdicts = []
+    for state in states:
+        if not state.redundancy or state.status == "ns":
+            continue
+        if _REDUNDANCY_LOST.search(state.states) and not _REDUNDANCY_KEPT.search(state.states):
+            verdicts.append(True)
+        elif _REDUNDANCY_KEPT.search(state.states):
+            verdicts.append(False)
+    if verdicts:
+        return any(verdicts)
+    if len(psus) >= 2:
+        return not all(p.up for p in psus)
+    return None
+
+
+def psu_number(label: str) -> int | None:
+    """The supply's number a name or `psu` label carries (PS1 Status, Power Supply 2, PSU0, Dell's Status 10.2)."""
+    match = _PSU_NUMBER.search(label) or _ENTITY_PSU.search(label)
+    return int(match.group(1)) if match else None
+
+
+def psu_power_from_sensors(sensors: Sequence[IpmiSensor], labels: Sequence[str]) -> list[HostPsuPower]:
+    """Each supply's power from the BMC's Watts sensors that name a supply (PS1 Input Power, PSU2 Power Out, Power
+    Supply 1), under the `psu` label gpuwatch_host_psu_up has for that supply's number, else as the name says it
+    (PS1). Input power is taken over power of no stated direction, and that over output power. Sensors of the whole
+    node (Dell's Pwr Consumption, HPE's Power Meter) name no supply and are left out; so are readings below 0."""
+    by_number: dict[int, str] = {}
+    for label in labels:
+        number = psu_number(label)
+        if number is not None:
+            by_number.setdefault(number, label)
+    best: dict[str, tuple[int, HostPsuPower]] = {}
+    for sensor in sensors:
+        if sensor.unit.lower() != "watts" or sensor.value is None or sensor.value < 0 or sensor.status in ("na", "ns"):
+            continue
+        match = _PSU_NUMBER.search(sensor.name)
+        if match is None:
+            continue
+        psu = by_number.get(int(match.group(1)), match.group(0).strip())
+        rank = 0 if _POWER_IN.search(sensor.name) else 2 if _POWER_OUT.search(sensor.name) else 1
+        if psu not in best or rank < best[psu][0]:
+            best[psu] = (rank, HostPsuPower(psu, sensor.value, sensor.name))
+    return [best[psu][1] for psu in sorted(best)]
 
 
 def parse_sensor_list(text: str) -> list[IpmiSensor]:
@@ -258,13 +321,18 @@ class IpmiReader:
         sensors = parse_sensor_list(self._runner(self._argv(*SENSOR_COMMAND), self.timeout_s))
         psus = parse_psu_states(self._runner(self._argv(*PSU_COMMAND), self.timeout_s))
         voltages, temperatures, fans = readings_from_sensors(sensors)
+        supplies = self._psus(psus)
         return HostSample(
             "ipmi",
             self._clock(),
             voltages=tuple(voltages),
-            psus=tuple(self._psus(psus)),
+            psus=tuple(supplies),
             temperatures=tuple(temperatures),
             fans=tuple(fans),
+            psu_power=tuple(
+                psu_power_from_sensors(sensors, [p.psu for p in supplies] + [s.label for s in psus if not s.redundancy])
+            ),
+            psu_redundancy_lost=redundancy_lost(psus, supplies),
         )
 
     def _psus(self, states: Sequence[PsuState]) -> list[HostPsu]:

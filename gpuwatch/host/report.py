@@ -29,11 +29,17 @@ def read_host(sources: Sequence[HostSource]) -> tuple[list[HostSample], dict[str
 
 
 def host_json(samples: Sequence[HostSample]) -> dict[str, Any]:
-    out: dict[str, Any] = {"voltages": [], "psus": [], "temperatures": [], "fans": []}
+    out: dict[str, Any] = {"voltages": [], "psus": [], "psu_power": [], "temperatures": [], "fans": []}
     for sample in samples:
         for key in out:
             out[key].extend({"source": sample.source, **dataclasses.asdict(item)} for item in getattr(sample, key))
+    out["psu_redundancy_lost"] = _redundancy_lost(samples)
     return out
+
+
+def _redundancy_lost(samples: Sequence[HostSample]) -> bool | None:
+    verdicts = [s.psu_redundancy_lost for s in samples if s.psu_redundancy_lost is not None]
+    return any(verdicts) if verdicts else None
 
 
 def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) -> None:
@@ -59,6 +65,12 @@ def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) ->
             )
     for p in psus:
         print(f"power supply {p.psu}: {'ok' if p.up else 'DOWN'} ({p.states or '-'})")
+    power = [w for s in samples for w in s.psu_power]
+    if power:
+        print("power supply load: " + ", ".join(f"{w.psu} {w.watts:.0f} W" for w in power))
+    lost = _redundancy_lost(samples)
+    if lost is not None:
+        print(f"power supply redundancy: {'LOST' if lost else 'ok'}")
     if temps:
         print("temperatures: " + ", ".join(f"{t.chip} {t.sensor} {t.value:.1f}°C" for t in temps))
     if fans:

@@ -4,9 +4,11 @@ Nothing here produces HostSample values directly: the tree is rendered to a temp
 (a PMBus PSU pair, coretemp, an NVMe drive) and the BMC answers `ipmitool sensor` / `sdr type "Power Supply"` in a
 Supermicro BMC's format, so `--backend simulated` runs gpuwatch/host/hwmon.py and ipmi.py as a server would.
 
-Healthy: both supplies' 12 V outputs near 12.1 V over an 11.4 V lower-critical limit. `psu_undervoltage`: from the
-GPUs' fault onset (1 s) PSU1's 12 V output sags to 11.2 V, under its limit, with its alarm raised, and the BMC's
-12 V sensor reads the sag too — the GPUs power-brake at the same time (physics.py).
+Healthy: both supplies' 12 V outputs near 12.1 V over their 11.6 V warning limits, each supply's input power on the
+BMC, and the BMC's redundancy sensor reading Fully Redundant. `psu_undervoltage`: from the GPUs' fault onset (1 s)
+PSU1's 12 V output sags to 11.2 V, under its limit, with its alarms raised, and the BMC's 12 V sensor reads the sag
+too — the GPUs power-brake at the same time (physics.py); the node draws more than one supply can carry, so the BMC
+reports Redundancy Lost with both supplies still up, PSU2 carrying more than the sagging PSU1.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ SAG_VOLTS = 11.2
 LCRIT_VOLTS = 11.4
 TWELVE_THRESHOLDS = ("10.173", "10.515", "10.800", "13.200", "13.485", "13.827")
 ONSET_S = 1.0  # the GPUs' fault onset (physics.GpuPlan.onset_s)
+# Input power of PS1 and PS2 (W): idle, under load, and sagging (PSU1 delivers less, PSU2 takes over the rest).
+PSU_WATTS = {"idle": (612.0, 598.0), "busy": (2840.0, 2810.0), "sagging": (2380.0, 3290.0)}
 
 _I2C = "devices/pci0000:00/0000:00:1f.4/i2c-7"
 _CHIPS = {
@@ -58,6 +62,13 @@ class SimulatedHost:
     def sagging(self) -> bool:
         return self.node.scenario == "psu_undervoltage" and self.node.elapsed() >= ONSET_S
 
+    @property
+    def busy(self) -> bool:
+        return self.node.scenario in ("busy", "psu_undervoltage", "mixed")
+
+    def psu_watts(self) -> tuple[float, float]:
+        return PSU_WATTS["sagging" if self.sagging else "busy" if self.busy else "idle"]
+
     def _build(self) -> None:
         for index, (device, name) in _CHIPS.items():
             hwmon = self.root / device / "hwmon" / f"hwmon{index}"
@@ -76,7 +87,7 @@ class SimulatedHost:
 
     def render(self) -> None:
         """Write every reading as the kernel drivers would (millivolts, millidegrees, RPM)."""
-        busy = self.node.scenario in ("busy", "psu_undervoltage", "mixed")
+        busy = self.busy
         for socket, index in ((0, 0), (1, 1)):
             package = 58 if busy else 41 + socket
             files = {"temp1_label": "Package id 0" if socket == 0 else "Package id 1", "temp1_input": package * 1000}
@@ -123,16 +134,23 @@ class SimulatedHost:
             ("Vcpu1", "1.791", "Volts", "ok", "1.242", "1.260", "1.404", "2.106", "2.160", "2.178"),
             ("P1_VDDQ_ABCD", "1.125", "Volts", "ok", "0.959", "0.977", "1.013", "1.409", "1.445", "1.463"),
             ("PS1 Status", "0x1", "discrete", "0x0100", "na", "na", "na", "na", "na", "na"),
+            *(
+                (f"PS{n} Input Power", f"{watts:.3f}", "Watts", "ok", "na", "na", "na", "na", "na", "na")
+                for n, watts in enumerate(self.psu_watts(), start=1)
+            ),
         ]
         return "".join(
             " | ".join(f"{cell:<16}" if n == 0 else f"{cell:<10}" for n, cell in enumerate(r)) + "\n" for r in rows
         )
 
     def psu_output(self) -> str:
-        """`ipmitool sdr type "Power Supply"` of the same BMC; both supplies present and OK."""
+        """`ipmitool sdr type "Power Supply"` of the same BMC; both supplies present and OK, and the redundancy
+        sensor: Redundancy Lost while PSU1 sags under the load, else Fully Redundant."""
+        redundancy = "Redundancy Lost" if self.sagging else "Fully Redundant"
         return (
             "PS1 Status       | C8h | ok  | 10.1 | Presence detected\n"
             "PS2 Status       | C9h | ok  | 10.2 | Presence detected\n"
+            f"PS Redundancy    | CAh | ok  | 19.1 | {redundancy}\n"
         )
 
 
