@@ -185,6 +185,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     out.add("gpuwatch_gpu_row_remap_failed", gpu, s.row_remap_failed)
     out.add("gpuwatch_gpu_retired_pages", gpu, s.retired_pages)
     each("gpuwatch_gpu_row_remap_banks", s.row_remap_banks)
+    out.add("gpuwatch_gpu_sram_ecc_threshold_exceeded", gpu, s.sram_ecc_threshold_exceeded)
     out.add("gpuwatch_gpu_recovery_action", gpu, s.recovery_action)
     out.add("gpuwatch_gpu_inforom_valid", gpu, s.inforom_valid)
     out.add("gpuwatch_gpu_fabric_healthy", gpu, s.fabric_healthy)

@@ -122,6 +122,12 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "availability"),
         "Memory banks by spare rows left for remapping: max, high, partial, low, none.",
     ),
+    _m(
+        "gpuwatch_gpu_sram_ecc_threshold_exceeded",
+        "gauge",
+        GPU,
+        "1 when on-die SRAM ECC errors passed the driver's threshold (NVIDIA: drain and reset, RMA if it repeats).",
+    ),
     _m("gpuwatch_gpu_inforom_valid", "gauge", GPU, "1 when the InfoROM's checksums hold; 0 when it is corrupted."),
     _m(
         "gpuwatch_gpu_fabric_healthy",

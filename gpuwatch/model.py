@@ -80,6 +80,7 @@ class GpuSample:
     row_remap_failed: bool | None = None
     retired_pages: int | None = None
     row_remap_banks: dict[str, int] = field(default_factory=dict)  # spare-row availability -> memory banks
+    sram_ecc_threshold_exceeded: bool | None = None  # on-die SRAM ECC errors passed the driver's threshold
     recovery_action: int | None = None
     inforom_valid: bool | None = None  # the InfoROM's checksums hold (NVIDIA)
     fabric_healthy: bool | None = None  # NVSwitch systems: the GPU completed fabric registration

@@ -120,3 +120,11 @@ def test_hopper_links_keep_their_dl_counters_and_ask_no_fields() -> None:
     errors = next(samples(node))[0].nvlink_errors_total
     assert errors[("3", "replay")] == 7 and ("3", "recovery_failed") not in errors
     assert {kind for _link, kind in errors} == {"replay", "recovery", "crc", "ecc"}
+
+
+def test_sram_ecc_threshold_is_read_per_gpu() -> None:
+    """nvml.h, nvmlDeviceGetSramEccErrorStatus (nvmlEccSramErrorStatus_v1_t.bThresholdExceeded): the fixture H100
+    reads "SRAM Threshold Exceeded: No" (tests/fixtures/h100/nvidia-smi-q.txt); a GPU past it reads 1."""
+    node = SimulatedNode("healthy", gpus=2, clock=Clock(), wall_clock=lambda: 1.8e9)
+    node.faults.exceed_sram_ecc_threshold(1)
+    assert [s.sram_ecc_threshold_exceeded for s in next(samples(node))] == [False, True]

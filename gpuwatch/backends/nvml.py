@@ -570,6 +570,7 @@ class NvmlBackend:
             sample.remapped_rows_total.update(correctable=int(correctable), uncorrectable=int(uncorrectable))
             sample.row_remap_pending, sample.row_remap_failed = bool(pending), bool(failed)
         sample.retired_pages = self._retired_pages(gpu)
+        sample.sram_ecc_threshold_exceeded = self._sram_threshold_exceeded(gpu)
         if (banks := self._call(gpu, "nvmlDeviceGetRowRemapperHistogram")) is not None:
             sample.row_remap_banks = {name: int(getattr(banks, name)) for name in _REMAP_AVAILABILITY}
         if (action := fields.get(self._fields.recovery_action)) is not None:
@@ -605,6 +606,16 @@ class NvmlBackend:
         for field_id, kind in _FI_PCIE_ERRORS.items():
             if (count := fields.get(field_id)) is not None:
                 sample.pcie_errors_total[kind] = int(count)
+
+    def _sram_threshold_exceeded(self, gpu: _Gpu) -> bool | None:
+        """nvmlDeviceGetSramEccErrorStatus: have on-die SRAM ECC errors passed the driver's threshold (Ampere on)?"""
+        struct = getattr(self._lib, "c_nvmlEccSramErrorStatus_v1_t", None)
+        if struct is None:
+            return None
+        status = struct()  # the binding's constructor sets its version
+        if self._call(gpu, "nvmlDeviceGetSramEccErrorStatus", ctypes.byref(status)) is None:
+            return None
+        return bool(status.bThresholdExceeded)
 
     def _read_fabric(self, gpu: _Gpu, sample: GpuSample) -> None:
         """NVSwitch systems: has the fabric manager registered this GPU? Absent where there is no fabric."""

@@ -92,6 +92,7 @@ class FaultInjector:
         self._library_missing: bool | None = None  # None: as the scenario says
         self._nvlink_down: set[tuple[int, int]] = set()
         self._nvlink_errors: dict[tuple[int, int, int], int | None] = {}  # (gpu, link, counter) -> count
+        self._sram_threshold_exceeded: set[int] = set()  # GPUs whose SRAM ECC errors passed the driver's threshold
         self._field_rules: list[FieldRule] = []
         self._held_reasons: dict[int, int] = {}  # gpu -> clock event reason bits held active
 
@@ -221,6 +222,18 @@ class FaultInjector:
         with self._lock:
             self._nvlink_errors[(index, link, counter)] = count
         self._on_change()
+
+    def exceed_sram_ecc_threshold(self, index: int, exceeded: bool = True) -> None:
+        """The GPU's SRAM ECC errors passed the driver's threshold (nvmlEccSramErrorStatus_v1_t.bThresholdExceeded),
+        as nvidia-smi -q's "SRAM Threshold Exceeded: Yes"."""
+        self._check_gpu(index)
+        with self._lock:
+            (self._sram_threshold_exceeded.add if exceeded else self._sram_threshold_exceeded.discard)(index)
+        self._on_change()
+
+    def sram_ecc_threshold_exceeded(self, index: int) -> bool:
+        with self._lock:
+            return index in self._sram_threshold_exceeded
 
     def nvlink_errors(self, index: int, link: int, counter: int) -> int | None:
         """The counter's value (0 unless set), None for NotSupported."""

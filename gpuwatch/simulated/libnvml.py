@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from gpuwatch.simulated import nvml_constants as c
 from gpuwatch.simulated.nvml_fields import HwCounterQuirk, field_numbering, fill_field_values
 from gpuwatch.simulated.nvml_structs import (
+    nvmlEccSramErrorStatus_v1_t,
     nvmlEventData_t,
     nvmlFieldValue_t,
     nvmlGpuFabricInfo_v2_t,
@@ -77,6 +78,7 @@ _PCIE_SPEED_MBPS = {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}
 _PCI_DEVICE_ID = 0x233010DE  # H100 SXM5 80GB
 _REMAP_BANKS = 2560  # an H100 80GB's memory banks (nvidia-smi -q: "Bank Remap Availability Histogram, Max")
 _FABRIC_INFO_V2 = 0x02000024
+_SRAM_ECC_STATUS_V1 = 0x1000068
 _FABRIC_STATE_NOT_SUPPORTED = 0
 _FABRIC_STATE_COMPLETED = 3
 _PCI_SUBSYSTEM_ID = 0x16C110DE
@@ -666,6 +668,18 @@ class _Driver:
         histogram.partial = 0
         histogram.high = max(0, used - histogram.none)
         histogram.max = _REMAP_BANKS - histogram.high - histogram.none
+
+    @_export(_P, _P)
+    def nvmlDeviceGetSramEccErrorStatus(self, device: int, out: int) -> None:
+        """SRAM (on-die: L2, SM, PCIe, microcontroller) ECC totals and whether they passed the driver's threshold
+        (nvidia-smi -q "SRAM Threshold Exceeded"; the fixture H100 reads No and zeros)."""
+        spec = self._spec("nvmlDeviceGetSramEccErrorStatus", device)
+        status = _struct(out, nvmlEccSramErrorStatus_v1_t)
+        if status.version != _SRAM_ECC_STATUS_V1:
+            raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        exceeded = self.node.faults.sram_ecc_threshold_exceeded(spec.index)
+        status.aggregateUncSecDed = status.aggregateUncBucketL2 = 3 if exceeded else 0
+        status.bThresholdExceeded = int(exceeded)
 
     @_export(_P)
     def nvmlDeviceValidateInforom(self, device: int) -> None:

@@ -133,6 +133,24 @@ class nvmlGpuFabricInfo_v2_t(Structure):
     ]
 
 
+class nvmlEccSramErrorStatus_v1_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("aggregateUncParity", c_ulonglong),
+        ("aggregateUncSecDed", c_ulonglong),
+        ("aggregateCor", c_ulonglong),
+        ("volatileUncParity", c_ulonglong),
+        ("volatileUncSecDed", c_ulonglong),
+        ("volatileCor", c_ulonglong),
+        ("aggregateUncBucketL2", c_ulonglong),
+        ("aggregateUncBucketSm", c_ulonglong),
+        ("aggregateUncBucketPcie", c_ulonglong),
+        ("aggregateUncBucketMcu", c_ulonglong),
+        ("aggregateUncBucketOther", c_ulonglong),
+        ("bThresholdExceeded", c_uint),
+    ]
+
+
 # Each struct and the name the binding gives its own copy of it (for the layout test).
 BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMemory_t: "c_nvmlMemory_t",
@@ -148,4 +166,5 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMarginTemperature_t: "c_nvmlMarginTemperature_v1_t",
     nvmlRowRemapperHistogramValues_t: "c_nvmlRowRemapperHistogramValues",
     nvmlGpuFabricInfo_v2_t: "c_nvmlGpuFabricInfoV_t",
+    nvmlEccSramErrorStatus_v1_t: "c_nvmlEccSramErrorStatus_v1_t",
 }
