@@ -85,6 +85,7 @@ def _self_health(snap: StoreSnapshot, out: _Families) -> None:
     out.add("gpuwatch_gpus_detected", (), len(detected) + len(snap.unusable))  # present, if unusable
     for (switch, sxid), count in sorted(snap.sxids.items()):
         out.add("gpuwatch_nvswitch_sxid_errors_total", (switch, xid_label(sxid)), count.total)
+        out.add("gpuwatch_nvswitch_sxid_last_timestamp_seconds", (switch, xid_label(sxid)), count.last_timestamp)
     for gpu in snap.unusable:
         if gpu.reason == "insufficient_power":
             out.add("gpuwatch_gpu_insufficient_power", (str(gpu.index), gpu.pci_bus_id), 1)

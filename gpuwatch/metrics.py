@@ -155,6 +155,12 @@ _SPECS: tuple[MetricSpec, ...] = (
         ("pci_bus_id", "sxid"),
         "NVSwitch SXid errors in the kernel log since boot, by switch (PCI address) and code.",
     ),
+    _m(
+        "gpuwatch_nvswitch_sxid_last_timestamp_seconds",
+        "gauge",
+        ("pci_bus_id", "sxid"),
+        "Unix time that SXid last happened (kernel time for the backlog read at start): a restart moves it not.",
+    ),
     # PCIe and interconnect
     _m("gpuwatch_gpu_pcie_link_generation", "gauge", (*GPU, "link"), "PCIe generation: current, max."),
     _m("gpuwatch_gpu_pcie_link_width", "gauge", (*GPU, "link"), "PCIe lanes: current, max."),

@@ -78,4 +78,6 @@ def test_nvswitch_sxids_are_exported_per_switch_and_code(tmp_path: Path) -> None
     sim = SimAgent(tmp_path / "state", scenario="healthy", kernel_log=KernelLogXidReader(log, boot_time=BOOT))
     sim.run(1.0)
     assert sim.value("gpuwatch_nvswitch_sxid_errors_total", pci_bus_id="0000:07:00", sxid="20034") == 1.0
+    stamped = sim.value("gpuwatch_nvswitch_sxid_last_timestamp_seconds", pci_bus_id="0000:07:00", sxid="20034")
+    assert stamped == BOOT + 1.0  # the backlog keeps kernel time: a restart re-reads it and moves nothing
     sim.close()
