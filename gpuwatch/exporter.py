@@ -185,6 +185,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     out.add("gpuwatch_gpu_row_remap_pending", gpu, s.row_remap_pending)
     out.add("gpuwatch_gpu_row_remap_failed", gpu, s.row_remap_failed)
     out.add("gpuwatch_gpu_retired_pages", gpu, s.retired_pages)
+    out.add("gpuwatch_gpu_retired_pages_limit", gpu, s.retired_pages_limit)
     each("gpuwatch_gpu_row_remap_banks", s.row_remap_banks)
     out.add("gpuwatch_gpu_sram_ecc_threshold_exceeded", gpu, s.sram_ecc_threshold_exceeded)
     out.add("gpuwatch_gpu_recovery_action", gpu, s.recovery_action)

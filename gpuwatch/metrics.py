@@ -117,6 +117,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_row_remap_failed", "gauge", GPU, "1 when a row remap failed."),
     _m("gpuwatch_gpu_retired_pages", "gauge", GPU, "Retired or bad memory pages."),
     _m(
+        "gpuwatch_gpu_retired_pages_limit",
+        "gauge",
+        GPU,
+        "AMD: bad pages past which the driver marks the GPU bad and refuses it at the next boot (its threshold).",
+    ),
+    _m(
         "gpuwatch_gpu_row_remap_banks",
         "gauge",
         (*GPU, "availability"),

@@ -79,6 +79,7 @@ class GpuSample:
     row_remap_pending: bool | None = None
     row_remap_failed: bool | None = None
     retired_pages: int | None = None
+    retired_pages_limit: int | None = None  # retired pages past which the driver gives the GPU up (AMD)
     row_remap_banks: dict[str, int] = field(default_factory=dict)  # spare-row availability -> memory banks
     sram_ecc_threshold_exceeded: bool | None = None  # on-die SRAM ECC errors passed the driver's threshold
     recovery_action: int | None = None

@@ -430,3 +430,14 @@ def test_auto_on_an_nvidia_node_has_no_amd_backend(tmp_path: Path) -> None:
     config = load_config(None, {"agent": {"backend": "auto", "state_dir": str(tmp_path / "state")}})
     sources = build_sources(config, sysfs_root=_sysfs(tmp_path / "sys", nvidia=2, amd=0))
     assert [s.name for s in sources.slots] == ["nvml"]
+
+
+@over_releases
+def test_the_bad_page_threshold_is_the_drivers_own_limit(release: str) -> None:
+    """amdsmi 7.0.2 amdsmi_interface.py:2406 amdsmi_get_gpu_bad_page_threshold (a uint32 through a pointer; 6.4.3
+    has no such function): amdgpu's default is one page per 100 MiB of VRAM (amdgpu_ras.c
+    amdgpu_ras_validate_threshold), 1966 on a 192 GiB MI300X; past it the driver refuses the GPU at the next boot."""
+    with opened(release, "row_remap_failure", gpus=3) as (backend, _, _, _):
+        faulty = sample(backend, gpu=2, slow=True)
+    assert faulty.retired_pages is not None and faulty.retired_pages > 0
+    assert faulty.retired_pages_limit == (1966 if release.startswith("7.") else None)

@@ -520,6 +520,8 @@ class AmdSmiBackend:
         pages = self._call(gpu, "amdsmi_get_gpu_bad_page_info")
         if isinstance(pages, list):
             sample.retired_pages = len(pages)
+        if (limit := _number(self._call(gpu, "amdsmi_get_gpu_bad_page_threshold"))) is not None and limit > 0:
+            sample.retired_pages_limit = int(limit)  # amdsmi 7.x; 0 would mean "not set", never a limit
 
     def _read_pcie(self, gpu: _Gpu, sample: GpuSample) -> None:
         metric = self._dict(gpu, "amdsmi_get_pcie_info").get("pcie_metric")

@@ -80,6 +80,7 @@ PROTOTYPES: dict[str, tuple[Any, ...]] = {
     "amdsmi_get_gpu_total_ecc_count": (H, P),
     "amdsmi_get_gpu_ecc_enabled": (H, P),
     "amdsmi_get_gpu_bad_page_info": (H, P, P),
+    "amdsmi_get_gpu_bad_page_threshold": (H, P),  # 7.x; 6.x's wrapper never asks for it
     "amdsmi_get_pcie_info": (H, P),
     "amdsmi_get_gpu_xgmi_link_status": (H, P),
     "amdsmi_get_gpu_process_list": (H, P, P),
@@ -361,6 +362,10 @@ class SimulatedLibAmdSmi:
     def _c_get_gpu_ecc_enabled(self, name: str, handle: int | None, out: int | None) -> None:
         self._device(name, handle)
         self._out(U64, out).value = 0x3FFF  # every RAS block
+
+    def _c_get_gpu_bad_page_threshold(self, name: str, handle: int | None, out: int | None) -> None:
+        _, spec, _ = self._device(name, handle)
+        self._out(U32, out).value = r.bad_page_threshold(spec)
 
     def _c_get_gpu_bad_page_info(self, name: str, handle: int | None, count: int | None, out: int | None) -> None:
         _, _, state = self._device(name, handle)

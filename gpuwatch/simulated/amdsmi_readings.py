@@ -188,6 +188,13 @@ def bad_pages(state: GpuState) -> list[tuple[int, int, int]]:
     return [(0x3_F000_0000 + 4096 * i, 4096, 0) for i in range(count)]
 
 
+def bad_page_threshold(spec: GpuSpec) -> int:
+    """amdgpu's default bad-page threshold (module parameter bad_page_threshold=-1): one retired page per 100 MiB of
+    VRAM (amdgpu_ras.c, amdgpu_ras_validate_threshold: mc_vram_size / RAS_BAD_PAGE_COVER); 1966 on an MI300X. Past
+    it the driver marks the GPU bad in its EEPROM and refuses it at the next boot."""
+    return spec.memory_total_bytes // (100 * 2**20)
+
+
 def pcie_info(struct: Any, spec: GpuSpec, state: GpuState) -> None:
     """Speeds in MT/s; bandwidth and the link partner's recoveries are not available."""
     put(struct.pcie_static, {"max_pcie_width": spec.pcie_max_width,
