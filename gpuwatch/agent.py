@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -25,12 +24,12 @@ from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config, ConfigError, load_config, parse_listen
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
-from gpuwatch.host.collectors import HostCollectors, HostSource, build_host_sources
+from gpuwatch.host.collectors import HostCollectors
 from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
-from gpuwatch.pci import count_pci_gpus
 from gpuwatch.probe.runner import agent_probe_runner
 from gpuwatch.sdnotify import ServiceNotifier
+from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.statedir import AgentLock, StateDirBusy, StateDirUnsafe, clean_stale_temp_files, require_safe_state_dir
 from gpuwatch.statefile import KnownGpus, StateDirError, check_state_dir
 from gpuwatch.status_page import render_status_page
@@ -39,7 +38,7 @@ from gpuwatch.web import HttpServer, make_app
 from gpuwatch.webconfig import apply_web_config
 
 if TYPE_CHECKING:
-    from gpuwatch.simulated.scenarios import SimulatedNode
+    from gpuwatch.simulation import SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +50,6 @@ MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI ad
 
 class StartupError(Exception):
     """A resource the agent cannot work without is unavailable (exit 69)."""
-
-
-@dataclass(slots=True)
-class BackendSlot:
-    """One vendor library and its retry state: opened lazily, reopened with backoff after it fails."""
-
-    name: str
-    vendor: str
-    factory: Callable[[], Backend]
-    backend: Backend | None = None
-    next_attempt: float = 0.0
-    backoff: float = 1.0
-    last_slow_poll: float = -math.inf
-    down_reported: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass(slots=True)
-class NodeSources:
-    """What the agent reads on this node: the backends it needs and the PCI view that sets expectations."""
-
-    slots: list[BackendSlot]
-    pci_gpu_counts: Callable[[], dict[str, int]]
-    kernel_log: KernelLogXidReader | None
-    host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
-    probe_slowdown: dict[int, float] | None = None  # simulated node: the probe runs a simulated worker
 
 
 class Agent:
@@ -449,55 +422,10 @@ def _now_local() -> Any:
 def build_sources(
     config: Config, *, sysfs_root: Path = Path("/sys"), simulated_node: SimulatedNode | None = None
 ) -> NodeSources:
-    """Choose the backends this node needs (spec: only those whose GPUs are on the bus or that are configured).
+    """This node's sources (gpuwatch.simulation.build_sources; the simulator is imported only when asked for)."""
+    from gpuwatch.simulation import build_sources as build
 
-    `simulated_node`: with the simulated backend, serve this node instead of one built from [simulated]
-    (simulate-fleet gives every node its own seed and per-GPU faults)."""
-    backend = config.agent.backend
-    if backend == "simulated":
-        return _simulated_sources(config, simulated_node)
-    counts = count_pci_gpus(sysfs_root)
-    slots: list[BackendSlot] = []
-    wants_nvidia = backend == "nvml" or (
-        backend == "auto" and (counts.get("nvidia", 0) > 0 or config.gpus.expected_nvidia)
-    )
-    if wants_nvidia:
-        slots.append(BackendSlot("nvml", "nvidia", _nvml_factory))
-    if backend == "amdsmi" or (backend == "auto" and (counts.get("amd", 0) > 0 or config.gpus.expected_amd)):
-        from gpuwatch.amd_wiring import amd_slot, nvidia_offset
-
-        nvml = slots[0] if slots else None
-        slots.append(amd_slot(nvidia_offset(lambda: count_pci_gpus(sysfs_root).get("nvidia", 0), nvml)))
-    if not slots:
-        log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
-    kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
-    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config))
-
-
-def _nvml_factory() -> Backend:
-    from gpuwatch.backends.nvml import NvmlBackend, load_pynvml
-
-    return NvmlBackend(load_pynvml())
-
-
-def _simulated_sources(config: Config, simulated_node: SimulatedNode | None = None) -> NodeSources:
-    from gpuwatch.backends.nvml import NvmlBackend
-    from gpuwatch.simulated.bindings import simulated_pynvml
-    from gpuwatch.simulated.host_sensors import simulated_host_sources
-    from gpuwatch.simulated.scenarios import SimulatedNode
-
-    sim = config.simulated
-    node = simulated_node or SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
-    if node.vendor == "amd":
-        from gpuwatch.amd_wiring import simulated_amd_slot
-
-        slot = simulated_amd_slot(node)
-    else:
-        lib = simulated_pynvml(node)
-        slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
-    sources = NodeSources([slot], node.pci_gpu_counts, None, simulated_host_sources(node, config))
-    sources.probe_slowdown = node.probe_slowdown
-    return sources
+    return build(config, sysfs_root=sysfs_root, simulated_node=simulated_node)
 
 
 def load_for_reload(path: Path | None, overrides: dict[str, dict[str, Any]]) -> Callable[[], Config]:

@@ -37,7 +37,7 @@ log = logging.getLogger("gpuwatch")
 
 
 def _scenario_help() -> str:
-    from gpuwatch.simulated.scenarios import SCENARIOS
+    from gpuwatch.scenario_catalogue import SCENARIOS
 
     return "; ".join(f"{name}: {info.description}" for name, info in SCENARIOS.items())
 
@@ -243,7 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         return commands.check(config)
     if args.command == "probe":
-        from gpuwatch.probe.command import probe
+        from gpuwatch.probe_command import probe
 
         if args.update_baseline and args.reset_baseline:
             print("gpuwatch probe: --update-baseline and --reset-baseline exclude each other", file=sys.stderr)
@@ -263,7 +263,8 @@ def config_vendor(args: argparse.Namespace) -> str:
 
 
 def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str, Any]], *, announce: bool) -> int:
-    from gpuwatch.agent import Agent, StartupError, build_sources, load_for_reload
+    from gpuwatch.agent import Agent, StartupError, load_for_reload
+    from gpuwatch.simulation import build_sources
     from gpuwatch.web import ListenError
 
     _setup_logging(config.agent.log_level)

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatch import __version__
-from gpuwatch.agent import BackendSlot, build_sources
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import Config, ConfigError, parse_listen
 from gpuwatch.host.report import check_host, host_json, print_host_table, read_host
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading
+from gpuwatch.simulation import build_sources
+from gpuwatch.sources import BackendSlot, amd_versions
 from gpuwatch.statedir import state_dir_problem, writable_problem
 
 EXIT_OK = 0
@@ -41,7 +42,6 @@ def version() -> int:
             backend.close()
     except BackendUnavailable as exc:
         print(f"  NVIDIA driver: {exc}")
-    from gpuwatch.amd_wiring import amd_versions
 
     for name, value in amd_versions().items():
         print(f"  {name}: {value}")

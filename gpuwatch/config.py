@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from gpuwatch.metrics import COLLECTORS
+from gpuwatch.model import COLLECTORS
+from gpuwatch.scenario_catalogue import SCENARIOS
 from gpuwatch.tomlfile import TomlFileError, load_toml_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatch/config.toml")
@@ -228,8 +229,6 @@ def _validate(config: Config) -> None:
         raise ConfigError(src, "agent.listen", str(exc)) from None
     sim = config.simulated
     check(sim.vendor in VENDORS, "simulated.vendor", f"must be one of {', '.join(VENDORS)}")
-    from gpuwatch.simulated.scenarios import SCENARIOS  # the simulator's own list: one place for the names
-
     check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
     check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
     gpus = config.gpus

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from gpuwatch import __version__
 from gpuwatch.metrics import CATALOGUE
 from gpuwatch.model import GpuIdentity, GpuSample
-from gpuwatch.probe.results import export_interval, export_probe
+from gpuwatch.probebook import RESULTS, ProbeView
 from gpuwatch.store import SampleStore, StoreSnapshot
 from gpuwatch.xid import xid_label
 
@@ -198,3 +198,42 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     each("gpuwatch_gpu_pcie_errors_total", s.pcie_errors_total)
     each("gpuwatch_gpu_nvlink_up", s.nvlink_up)
     each_pair("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)
+
+
+class _Out(Protocol):
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
+
+
+def export_interval(view: ProbeView, out: _Out) -> None:
+    if view.enabled:
+        out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
+
+
+def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
+    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
+    if not view.enabled:
+        return
+    counts = view.runs.get(uuid, {})
+    for result in RESULTS:
+        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+    baseline = view.baselines.get(uuid)
+    if baseline is not None:
+        out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])
+    previous = view.previous_baselines.get(uuid)
+    if previous is not None:
+        out.add("gpuwatch_probe_baseline_previous_flops", (*gpu, previous[0]), previous[1])
+    last = view.last_ok.get(uuid)
+    if last is None or last.measured is None:
+        return
+    m, t = last.measured, last.telemetry
+    out.add("gpuwatch_probe_info", (*gpu, m.engine, m.engine_version, m.blas_version, m.dtype, m.shape), 1)
+    out.add("gpuwatch_probe_flops", (*gpu, m.dtype), m.flops_median)
+    out.add("gpuwatch_probe_spread_ratio", (*gpu, m.dtype), m.spread_ratio)
+    out.add("gpuwatch_probe_h2d_bytes_per_second", gpu, m.h2d_bytes_per_second)
+    out.add("gpuwatch_probe_d2h_bytes_per_second", gpu, m.d2h_bytes_per_second)
+    out.add("gpuwatch_probe_last_success_timestamp_seconds", gpu, last.timestamp)
+    out.add("gpuwatch_probe_duration_seconds", gpu, m.gpu_time_seconds)
+    out.add("gpuwatch_probe_power_capped", gpu, m.power_capped)
+    out.add("gpuwatch_probe_sm_clock_hertz", gpu, t.sm_clock_hertz)
+    out.add("gpuwatch_probe_power_watts", gpu, t.power_watts)
+    out.add("gpuwatch_probe_temperature_celsius", gpu, t.temperature_celsius)

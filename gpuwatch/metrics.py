@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuwatch.model import COLLECTORS
+
+__all__ = ["CATALOGUE", "COLLECTORS", "MetricSpec"]
+
 MetricType = Literal["gauge", "counter"]
 
 GPU = ("gpu", "uuid")
@@ -257,6 +261,3 @@ _SPECS: tuple[MetricSpec, ...] = (
 )
 
 CATALOGUE: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
-
-# The names `--disable-collector` takes (docs/metrics.md).
-COLLECTORS: tuple[str, ...] = ("nvml", "amdsmi", "xid_events", "hwmon", "ipmi", "probe")

@@ -14,13 +14,13 @@ import sys
 import threading
 from typing import Any
 
-from gpuwatch.agent import build_sources
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config
 from gpuwatch.probe.baseline import Mode
 from gpuwatch.probe.locks import LockUnavailable
-from gpuwatch.probe.results import ProbeOutcome
 from gpuwatch.probe.runner import ProbeRunner
+from gpuwatch.probebook import ProbeOutcome
+from gpuwatch.simulation import build_sources
 from gpuwatch.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
 from gpuwatch.store import SampleStore
 

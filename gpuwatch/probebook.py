@@ -1,16 +1,18 @@
 """Probe results as they flow from the runner through the store to the exporter and the status page.
 
 `ProbeBook` is the store's probe compartment (thread-safe, written by the runner); `ProbeView` is its immutable copy
-in a StoreSnapshot; `export_probe` turns a view into `gpuwatch_probe_*` samples for one GPU.
+in a StoreSnapshot; the exporter's `export_probe` turns a view into `gpuwatch_probe_*` samples for one GPU. State
+layer: the probe (above) writes it, the store holds it, exposition reads it.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, get_args
 
-RESULTS: tuple[str, ...] = ("ok", "skipped_busy", "skipped_unsupported", "failed", "timeout")
+ProbeResult = Literal["ok", "skipped_busy", "skipped_unsupported", "failed", "timeout"]
+RESULTS: tuple[ProbeResult, ...] = get_args(ProbeResult)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class ProbeOutcome:
 
     uuid: str
     index: int
-    result: str  # one of RESULTS
+    result: ProbeResult
     reason: str = ""
     timestamp: float = 0.0  # unix time the run ended
     measured: WorkerResult | None = None
@@ -151,42 +153,3 @@ class ProbeBook:
     def view(self) -> ProbeView:
         with self._lock:
             return self._view  # every update replaces the view, so handing it out is safe
-
-
-class _Out(Protocol):
-    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
-
-
-def export_interval(view: ProbeView, out: _Out) -> None:
-    if view.enabled:
-        out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
-
-
-def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
-    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
-    if not view.enabled:
-        return
-    counts = view.runs.get(uuid, {})
-    for result in RESULTS:
-        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
-    baseline = view.baselines.get(uuid)
-    if baseline is not None:
-        out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])
-    previous = view.previous_baselines.get(uuid)
-    if previous is not None:
-        out.add("gpuwatch_probe_baseline_previous_flops", (*gpu, previous[0]), previous[1])
-    last = view.last_ok.get(uuid)
-    if last is None or last.measured is None:
-        return
-    m, t = last.measured, last.telemetry
-    out.add("gpuwatch_probe_info", (*gpu, m.engine, m.engine_version, m.blas_version, m.dtype, m.shape), 1)
-    out.add("gpuwatch_probe_flops", (*gpu, m.dtype), m.flops_median)
-    out.add("gpuwatch_probe_spread_ratio", (*gpu, m.dtype), m.spread_ratio)
-    out.add("gpuwatch_probe_h2d_bytes_per_second", gpu, m.h2d_bytes_per_second)
-    out.add("gpuwatch_probe_d2h_bytes_per_second", gpu, m.d2h_bytes_per_second)
-    out.add("gpuwatch_probe_last_success_timestamp_seconds", gpu, last.timestamp)
-    out.add("gpuwatch_probe_duration_seconds", gpu, m.gpu_time_seconds)
-    out.add("gpuwatch_probe_power_capped", gpu, m.power_capped)
-    out.add("gpuwatch_probe_sm_clock_hertz", gpu, t.sm_clock_hertz)
-    out.add("gpuwatch_probe_power_watts", gpu, t.power_watts)
-    out.add("gpuwatch_probe_temperature_celsius", gpu, t.temperature_celsius)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample, UnusableGpu
-from gpuwatch.probe.results import ProbeBook, ProbeView
+from gpuwatch.probebook import ProbeBook, ProbeView
 from gpuwatch.xid import fold_xid
 
 if TYPE_CHECKING:

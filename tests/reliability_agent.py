@@ -9,14 +9,13 @@ from pathlib import Path
 
 from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from simnode import amd_backend
 
-from gpuwatch.agent import Agent, BackendSlot, NodeSources
-from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.agent import Agent
 from gpuwatch.config import load_config
 from gpuwatch.sdnotify import ServiceNotifier
-from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
+from gpuwatch.simulation import simulated_slot
+from gpuwatch.sources import NodeSources
 
 POLL = 0.2
 
@@ -34,11 +33,7 @@ class LiveAgent:
         notifier: ServiceNotifier | None = None,
     ) -> None:
         self.node = SimulatedNode(scenario=scenario, gpus=gpus, vendor=vendor)
-        if vendor == "amd":
-            slot = BackendSlot("amdsmi", "amd", lambda: amd_backend(self.node, time.time))
-        else:
-            lib = simulated_pynvml(self.node)
-            slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+        slot = simulated_slot(self.node, clock=time.time)
         self.port = free_port()
         overrides: dict[str, dict[str, object]] = {
             "agent": {

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.agent import Agent, BackendSlot, NodeSources
-from gpuwatch.amd_wiring import simulated_release
-from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
-from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.agent import Agent
 from gpuwatch.config import load_config
 from gpuwatch.kmsg import KernelLogXidReader
-from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
-from gpuwatch.simulated.bindings import simulated_pynvml
-from gpuwatch.simulated.host_sensors import simulated_host_sources
 from gpuwatch.simulated.scenarios import SimulatedNode
+from gpuwatch.simulation import simulated_sources
 
 START_WALL = 1_800_000_000.0
-
-
-def amd_backend(node: SimulatedNode, clock: Callable[[], float]) -> AmdSmiBackend:
-    """AMD's amdsmi package over the node's simulated libamd_smi.so, of the release the agent would pick."""
-    return AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(node, binding=simulated_release())), clock=clock)
 
 
 class FakeClock:
@@ -55,24 +44,17 @@ class SimAgent:
         self.node = SimulatedNode(
             scenario=scenario, gpus=gpus, vendor=vendor, clock=self.clock.mono, wall_clock=self.clock.wall
         )
-        if vendor == "amd":  # the real AMD SMI backend over the simulated amdsmi module (its import may fail)
-            self.slot = BackendSlot("amdsmi", "amd", lambda: amd_backend(self.node, self.clock.wall))
-        else:
-            lib = simulated_pynvml(self.node)
-            self.slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=self.clock.wall))
         overrides: dict[str, dict[str, object]] = {
             "agent": {"backend": "simulated", "state_dir": str(state_dir), **config}
         }
         if probe is not None:
             overrides["probe"] = probe
         loaded = load_config(None, overrides)
-        host = simulated_host_sources(self.node, loaded, clock=self.clock.wall)  # hwmon + BMC, real readers
-        self.agent = Agent(
-            loaded,
-            NodeSources([self.slot], self.node.pci_gpu_counts, kernel_log, host, self.node.probe_slowdown),
-            clock=self.clock.wall,
-            monotonic=self.clock.mono,
-        )
+        # The one simulated-node factory (gpuwatch.simulation): its vendor backend (the real AMD SMI backend over the
+        # simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe slowdown.
+        sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
+        self.slot = sources.slots[0]
+        self.agent = Agent(loaded, sources, clock=self.clock.wall, monotonic=self.clock.mono)
         self.agent.store.register_collector(self.slot.name, self.agent.config.agent.poll_interval_seconds)
         self.agent.host.register()
         if self.agent.probe is not None:

@@ -13,12 +13,12 @@ import pytest
 from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.agent import Agent, BackendSlot, NodeSources
-from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.agent import Agent
 from gpuwatch.config import load_config
-from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from gpuwatch.simulated.scenarios import SimulatedNode
+from gpuwatch.simulation import simulated_slot
+from gpuwatch.sources import BackendSlot, NodeSources
 
 POLL = 0.2
 
@@ -26,8 +26,7 @@ POLL = 0.2
 class Running:
     def __init__(self, tmp_path: Path, scenario: str = "healthy") -> None:
         self.node = SimulatedNode(scenario=scenario, gpus=4)
-        lib = simulated_pynvml(self.node)
-        slot = BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+        slot = simulated_slot(self.node)
         self.port = free_port()
         overrides = {
             "agent": {

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import simnode
 from amd_releases import over_releases
 from simnode import SimAgent
 
-from gpuwatch.agent import Agent, build_sources
-from gpuwatch.amd_wiring import VERSION_ENV, simulated_amd_slot
+from gpuwatch import simulation
+from gpuwatch.agent import Agent
 from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import load_config
@@ -25,6 +24,7 @@ from gpuwatch.simulated import amdsmi_readings
 from gpuwatch.simulated.amdsmi_clib import SimulatedLibAmdSmi, Status
 from gpuwatch.simulated.amdsmi_sim import library_of, simulated_amdsmi
 from gpuwatch.simulated.scenarios import SimulatedNode
+from gpuwatch.simulation import VERSION_ENV, build_sources, simulated_amd_slot
 
 
 class Clock:
@@ -324,10 +324,11 @@ def test_cpx_partitions_count_once_as_their_gpu_and_are_exported_apart(
     GPU is one fewer than expected (GpuCountBelowExpected: detected < expected); partition 0 says how many partitions
     its GPU has (gpuwatch_gpu_partitions), every partition keeps its own series."""
 
-    def cpx(node: SimulatedNode, clock: Callable[[], float]) -> AmdSmiBackend:
+    def cpx(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> AmdSmiBackend:
+        assert clock is not None
         return AmdSmiBackend(load_amdsmi(lambda: simulated_amdsmi(node, partition="CPX")), clock=clock)
 
-    monkeypatch.setattr(simnode, "amd_backend", cpx)
+    monkeypatch.setattr(simulation, "simulated_amd_backend", cpx)
     sim = SimAgent(tmp_path, scenario="healthy", gpus=2, vendor="amd")
     try:
         sim.run(3.0)

@@ -12,7 +12,7 @@ import pytest
 from simnode import SimAgent
 from test_metrics_spec import spec_metrics
 
-from gpuwatch.simulated.scenarios import SCENARIOS
+from gpuwatch.scenario_catalogue import SCENARIOS
 
 GOLDEN = Path(__file__).parent / "golden" / "healthy.prom"
 

@@ -16,7 +16,7 @@ from simnode import SimAgent
 
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.exposition_fast import fast_format, render
-from gpuwatch.simulated.scenarios import SCENARIOS
+from gpuwatch.scenario_catalogue import SCENARIOS
 
 ACCEPTS = {
     "classic text (curl, Prometheus < 2.5)": "",

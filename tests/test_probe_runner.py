@@ -19,8 +19,8 @@ from simnode import SimAgent
 
 from gpuwatch.config import ProbeSection
 from gpuwatch.probe.locks import try_lock, unlock
-from gpuwatch.probe.results import RESULTS
 from gpuwatch.probe.runner import PROC_PID_INIT_INO, ProbeRunner, _pids_of, pid_namespace_inode
+from gpuwatch.probebook import RESULTS
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=30.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1

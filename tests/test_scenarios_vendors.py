@@ -14,8 +14,8 @@ import pytest
 from amd_releases import RELEASES
 from simnode import SimAgent
 
-from gpuwatch.amd_wiring import VERSION_ENV
-from gpuwatch.simulated.scenarios import FAULT_GPU
+from gpuwatch.scenario_catalogue import FAULT_GPU
+from gpuwatch.simulation import VERSION_ENV
 
 VENDORS = ("nvidia", "amd")
 BACKEND = {"nvidia": "nvml", "amd": "amdsmi"}

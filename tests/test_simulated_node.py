@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.model import THROTTLE_REASONS
+from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
 from gpuwatch.simulated import nvml_constants as c
 from gpuwatch.simulated.bindings import simulated_pynvml
-from gpuwatch.simulated.scenarios import FAULT_GPU, SCENARIOS, SimulatedNode
+from gpuwatch.simulated.scenarios import SimulatedNode
 
 WALL = 1_795_342_040.0  # the fixture's unix time
 

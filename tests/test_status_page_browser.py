@@ -186,7 +186,7 @@ def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
     import dataclasses
 
     from gpuwatch.model import GpuIdentity, GpuSample
-    from gpuwatch.probe.results import ProbeOutcome, ProbeView, WorkerResult
+    from gpuwatch.probebook import ProbeOutcome, ProbeView, WorkerResult
     from gpuwatch.status_page import GpuView
     from gpuwatch.store import SampleStore
 

@@ -35,8 +35,8 @@ from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, BaselineKey, Baselines, Mode
 from gpuwatch.probe.engines import available_engines
 from gpuwatch.probe.locks import try_lock, unlock
-from gpuwatch.probe.results import ProbeOutcome, Telemetry, WorkerResult
 from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
+from gpuwatch.probebook import ProbeOutcome, Telemetry, WorkerResult
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.simulated.scenarios import NODE_ONLY_SCENARIOS, SCENARIOS
+from gpuwatch.scenario_catalogue import SCENARIOS
+from gpuwatch.simulated.scenarios import NODE_ONLY_SCENARIOS
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,10 @@ def make_plan(
 
 def start_node(plan: FleetPlan, index: int) -> Any:
     """One node: its simulated GPUs, the real agent over them, listening on its own port. Returns the Agent."""
-    from gpuwatch.agent import Agent, StartupError, build_sources
+    from gpuwatch.agent import Agent, StartupError
     from gpuwatch.config import ConfigError, load_config
     from gpuwatch.simulated.scenarios import SimulatedNode
+    from gpuwatch.simulation import build_sources
     from gpuwatch.web import ListenError
 
     state_dir = plan.state_dir / plan.node_name(index)

@@ -1,0 +1,107 @@
+"""The one way into the simulator: the simulated node's sources (its vendor library under the vendor's real Python
+binding, its host sensors, its probe slowdown), for the agent, ``simulate-fleet``, the tests and the benchmarks.
+
+Service layer: nothing below it imports ``gpuwatch.simulated`` (pyproject.toml, [tool.importlinter]).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
+from gpuwatch.backends.base import Backend
+from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.config import Config
+from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.simulated.amdsmi_binding import binding_package
+from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
+from gpuwatch.simulated.bindings import simulated_pynvml
+from gpuwatch.simulated.host_sensors import simulated_host_sources
+from gpuwatch.simulated.scenarios import SimulatedNode
+from gpuwatch.sources import BackendSlot, NodeSources, build_node_sources
+
+__all__ = [
+    "VERSION_ENV",
+    "SimulatedNode",
+    "build_sources",
+    "simulated_amd_backend",
+    "simulated_amd_slot",
+    "simulated_release",
+    "simulated_slot",
+    "simulated_sources",
+]
+
+# The amdsmi release ("7.0.2", "6.4.3") the simulated node runs, over its simulated libamd_smi.so: for trying the
+# backend against an older ROCm's package; one other than the installed one must be under .venv/bindings.
+VERSION_ENV = "GPUWATCH_SIM_AMDSMI_VERSION"
+
+
+def build_sources(
+    config: Config, *, sysfs_root: Path = Path("/sys"), simulated_node: SimulatedNode | None = None
+) -> NodeSources:
+    """This node's sources: the simulated node's with ``--backend simulated``, else the real ones.
+
+    `simulated_node`: with the simulated backend, serve this node instead of one built from [simulated]
+    (simulate-fleet gives every node its own seed and per-GPU faults)."""
+    if config.agent.backend == "simulated":
+        return simulated_sources(config, simulated_node)
+    return build_node_sources(config, sysfs_root=sysfs_root)
+
+
+def simulated_sources(
+    config: Config,
+    node: SimulatedNode | None = None,
+    *,
+    kernel_log: KernelLogXidReader | None = None,
+    host: bool = True,
+    clock: Callable[[], float] | None = None,
+) -> NodeSources:
+    """The simulated node's sources: one vendor slot, its PCI counts, its host sensors, its probe slowdown."""
+    sim = config.simulated
+    node = node or SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
+    slot = simulated_slot(node, clock=clock)
+    sensors = (
+        (simulated_host_sources(node, config) if clock is None else simulated_host_sources(node, config, clock=clock))
+        if host
+        else []
+    )
+    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, node.probe_slowdown)
+
+
+def simulated_slot(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> BackendSlot:
+    """The node's vendor backend: NVML over the simulated libnvml, or AMD SMI over the simulated libamd_smi.so."""
+    if node.vendor == "amd":
+        return simulated_amd_slot(node, clock=clock)
+    lib = simulated_pynvml(node)
+    if clock is None:
+        return BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
+    return BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib, clock=clock))
+
+
+def simulated_release() -> str | None:
+    """The amdsmi release the simulated node runs (GPUWATCH_SIM_AMDSMI_VERSION), None for the installed one."""
+    return os.environ.get(VERSION_ENV) or None
+
+
+def simulated_amd_backend(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> AmdSmiBackend:
+    """AMD's amdsmi package over the node's simulated libamd_smi.so, of the release the agent would pick; without
+    the amdsmi package: BackendUnavailable saying how to install it."""
+    lib = load_amdsmi(lambda: simulated_amdsmi(node, binding=simulated_release()))
+    return AmdSmiBackend(lib) if clock is None else AmdSmiBackend(lib, clock=clock)
+
+
+def simulated_amd_slot(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> BackendSlot:
+    """The real AMD SMI backend over AMD's ``amdsmi`` package on this node's simulated libamd_smi.so."""
+    release = simulated_release()
+    if release is not None:  # a release asked for by name must be there at start-up
+        try:
+            binding_package(release)
+        except (FileNotFoundError, ModuleNotFoundError) as exc:
+            raise ValueError(f"{VERSION_ENV}={release!r}: {exc}") from exc
+
+    def factory() -> Backend:
+        return simulated_amd_backend(node, clock=clock)
+
+    return BackendSlot("amdsmi", "amd", factory)
