@@ -5,16 +5,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1 \
-  || ! command -v chromium >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
+  || ! command -v chromium >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1 \
+  || ! command -v vmalert >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # chromium: the status page test renders the agent's landing page headless
     # systemd: systemd-analyze verify/security check the shipped unit (no systemd as PID 1 needed)
-    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium systemd >/dev/null
+    # victoria-metrics: victoria-metrics, vmagent, vmalert for tests/test_victoriametrics_e2e.py (the remote_write path)
+    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium systemd \
+      victoria-metrics >/dev/null
   else
-    echo "scripts/test.sh: one of promtool, prometheus-alertmanager, chromium, systemd-analyze is missing;" \
-      "run: sudo apt-get install prometheus prometheus-alertmanager chromium systemd" >&2
+    echo "scripts/test.sh: one of promtool, prometheus-alertmanager, chromium, systemd-analyze, vmalert is missing;" \
+      "run: sudo apt-get install prometheus prometheus-alertmanager chromium systemd victoria-metrics" >&2
     exit 1
   fi
 fi
