@@ -44,12 +44,10 @@ kernel puts the partition in the function bits). The exporter counts a GPU once 
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import importlib.metadata
 import io
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -57,7 +55,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, UnusableGpu, Vendor
+from gpuwatch.backends.tiered import GpuFailed as _GpuFailed
+from gpuwatch.backends.tiered import TieredBackend, TieredGpu
+from gpuwatch.backends.tiered import Unavailable as _Unavailable
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +98,6 @@ THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "sw_thermal"
 ACTIVE_SHARE = 0.05
 
 
-class _Unavailable(Exception):
-    """AMD SMI cannot give this value now (not supported, busy, no permission, no such function)."""
-
-
-class _GpuFailed(Exception):
-    """One GPU stopped answering: its reading has no sample, the other GPUs are read on."""
-
-
 @dataclass
 class _Residency:
     """The last residency counters of a GPU and the seconds the agent has made of them."""
@@ -118,23 +111,16 @@ class _Residency:
 
 
 @dataclass
-class _Gpu:
+class _Gpu(TieredGpu):
     """What the backend keeps about one processor handle between polls."""
 
-    handle: Any
-    identity: GpuIdentity
     primary: bool = True  # partition 0 of its socket: the one that exports socket-level readings
-    unsupported: set[Hashable] = field(default_factory=set)
-    static: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))
-    kept: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))
     residency: _Residency = field(default_factory=_Residency)
     xgmi_links: int = 0
     edge_limit_zero: bool = False  # an edge limit of 0: amd-smi shows the edge temperature as N/A (see _celsius)
     unique_id: int | None = None  # the driver's unique id (asic_serial), which ROCr names the GPU by
     kfd_node: int | None = None  # the GPU's KFD node: ROCr enumerates GPUs in node order
     partitions: int = 1  # processor handles of this GPU (compute partitions), known once all are enumerated
-    needs_static: bool = True
-    needs_slow: bool = True
 
 
 def load_amdsmi(importer: Callable[[], Any] | None = None) -> Any:
@@ -156,7 +142,7 @@ def load_amdsmi(importer: Callable[[], Any] | None = None) -> Any:
         ) from exc
 
 
-class AmdSmiBackend:
+class AmdSmiBackend(TieredBackend[_Gpu]):
     """AMD GPUs through AMD SMI; see the module docstring for tiers, throttle mapping and partitions.
 
     ``index_offset`` numbers the GPUs after the NVIDIA ones on a node with both vendors (spec/metrics.md); a
@@ -165,6 +151,9 @@ class AmdSmiBackend:
 
     name: str = "amdsmi"
     vendor: Vendor = "amd"
+    label = "AMD SMI"
+    gpu_label = "AMD GPU"
+    log = log
 
     def __init__(
         self,
@@ -173,23 +162,15 @@ class AmdSmiBackend:
         index_offset: int | Callable[[], int] = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._lib = lib
+        super().__init__(lib, clock)
         self._index_offset = index_offset
-        self._clock = clock
-        self._open = False
-        self._driver = ""
-        self._gpus: list[_Gpu] = []
         self._library_error: type[BaseException] = getattr(lib, "AmdSmiLibraryException", RuntimeError)
         self._any_error: type[BaseException] = getattr(lib, "AmdSmiException", RuntimeError)
-        # The event thread and the poll thread share only these; the lock is held across the event read so
-        # close() never stops a reader under a waiting thread.
-        self._events_lock = threading.Lock()
-        self._readers: list[Any] = []
-        self._uuid_by_handle: dict[Hashable, str] = {}
+        self._readers: list[Any] = []  # shared with the event thread under self._events_lock
 
     # ----- the choke point -----
 
-    def _invoke(self, gpu: _Gpu | None, name: str, *args: Any) -> Any:
+    def _invoke(self, gpu: _Gpu | None, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Every AMD SMI call of the backend passes here."""
         key = (name, *args)
         if gpu is not None and key in gpu.unsupported:
@@ -198,7 +179,7 @@ class AmdSmiBackend:
         if function is None:
             raise _Unavailable(f"{name}: not in this amdsmi version")
         try:
-            return function(*((gpu.handle,) if gpu is not None else ()), *args)
+            return function(*((gpu.handle,) if gpu is not None else ()), *args, **kwargs)
         except self._library_error as exc:
             self._raise_for(gpu, name, key, _code(exc), exc)
         except self._any_error as exc:  # parameter / key exceptions: this call cannot work with this version
@@ -224,14 +205,6 @@ class AmdSmiBackend:
             raise _Unavailable(f"{name}: status {code}: {_one_line(exc)}")
         raise _GpuFailed(f"the GPU does not answer ({name}: {_one_line(exc)})")
 
-    def _call(self, gpu: _Gpu | None, name: str, *args: Any) -> Any:
-        """A value, or None where AMD SMI cannot give it."""
-        try:
-            return self._invoke(gpu, name, *args)
-        except _Unavailable as exc:
-            log.debug("not available: %s", exc)
-            return None
-
     def _dict(self, gpu: _Gpu, name: str, *args: Any) -> dict[str, Any]:
         value = self._call(gpu, name, *args)
         return value if isinstance(value, dict) else {}
@@ -246,7 +219,7 @@ class AmdSmiBackend:
         if init_flags is None:
             raise BackendUnavailable("the amdsmi module has no AmdSmiInitFlags: install the amdsmi package of ROCm")
         try:
-            self._invoke(None, "amdsmi_init", init_flags.INIT_AMD_GPUS)
+            self._invoke(None, "amdsmi_init", (init_flags.INIT_AMD_GPUS,), {})
         except _Unavailable as exc:
             raise BackendUnavailable(f"AMD SMI cannot be initialised: {exc}") from exc
         self._open = True
@@ -278,9 +251,6 @@ class AmdSmiBackend:
         self._open = False
         self._gpus = []
 
-    def gpus(self) -> list[GpuIdentity]:
-        return [gpu.identity for gpu in self._gpus]
-
     def unusable(self) -> list[UnusableGpu]:
         """AMD SMI opens every GPU it counts: none."""
         return []
@@ -288,23 +258,6 @@ class AmdSmiBackend:
     def reset_uuids(self) -> list[str]:
         """GPUs whose resets this backend reports (partition 0 of each socket): their counters exist from 0."""
         return [gpu.identity.uuid for gpu in self._gpus if gpu.primary]
-
-    def poll(self, *, slow: bool) -> list[GpuReading]:
-        if not self._open:
-            raise BackendUnavailable("the AMD SMI backend is not open")
-        if slow:
-            self._check_driver()
-        return [self._poll_gpu(gpu, slow) for gpu in self._gpus]
-
-    def wait_events(self, timeout_s: float) -> list[GpuEvent]:
-        """Block up to timeout_s for GPU resets; [] on timeout (NO_DATA) and without event support."""
-        deadline = time.monotonic() + timeout_s
-        with self._events_lock:
-            events = self._read_events(timeout_s) if self._readers else None
-        if events is None:
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            return []
-        return events
 
     def versions(self) -> dict[str, str]:
         """The amdsmi package, the host's libamd_smi, ROCm and the amdgpu driver, for ``version`` and ``check``."""
@@ -333,15 +286,7 @@ class AmdSmiBackend:
 
     def _enumerate(self, index: int, handle: Any) -> _Gpu | None:
         gpu = _Gpu(handle, GpuIdentity(uuid="", vendor="amd", index=index))
-        try:
-            self._read_static(gpu)
-        except _GpuFailed as exc:
-            log.warning("AMD GPU %d: %s; skipped", index, exc)
-            return None
-        if not gpu.identity.uuid:
-            log.warning("AMD GPU %d: no UUID; skipped", index)
-            return None
-        return gpu
+        return self._first_read(gpu, index, keep_failed=False)
 
     def _open_events(self) -> None:
         """One reader per socket for GPU_PRE_RESET; the library delivers every registered GPU's events to any."""
@@ -361,7 +306,10 @@ class AmdSmiBackend:
         with self._events_lock:
             self._readers, self._uuid_by_handle = readers, uuids
 
-    def _read_events(self, timeout_s: float) -> list[GpuEvent] | None:
+    def _events_ready(self) -> bool:
+        return bool(self._readers)
+
+    def _wait_locked(self, timeout_s: float) -> list[GpuEvent] | None:
         try:
             found = self._readers[0].read(max(0, int(timeout_s * 1000)))
         except self._library_error as exc:
@@ -397,26 +345,14 @@ class AmdSmiBackend:
             for gpu in self._gpus:
                 gpu.needs_static = True
 
-    def _poll_gpu(self, gpu: _Gpu, slow: bool) -> GpuReading:
-        try:
-            return GpuReading(gpu.identity, self._read(gpu, slow))
-        except _GpuFailed as exc:
-            gpu.needs_static = True
-            gpu.residency = _Residency()
-            return GpuReading(gpu.identity, None, error=str(exc))
+    def _forget(self, gpu: _Gpu) -> None:
+        gpu.residency = _Residency()
 
-    def _read(self, gpu: _Gpu, slow: bool) -> GpuSample:
-        if gpu.needs_static:
-            self._read_static(gpu)
-        now = self._clock()
-        if slow or gpu.needs_slow:
-            kept = copy.deepcopy(gpu.static)
-            self._read_slow(gpu, kept, now)
-            gpu.kept, gpu.needs_slow = kept, False
-        sample = copy.deepcopy(gpu.kept)
-        sample.timestamp = now
-        self._read_fast(gpu, sample, now)
-        return sample
+    def _begin(self, gpu: _Gpu, slow: bool) -> float:
+        return self._clock()
+
+    def _stamp(self, tick: float) -> float:
+        return tick
 
     # ----- static tier -----
 

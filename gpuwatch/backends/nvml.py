@@ -14,19 +14,20 @@ sample) and fast (every poll, about 14 calls per GPU on an H100).
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import importlib
 import importlib.metadata
 import logging
-import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, cast
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuReading, GpuSample, UnusableGpu, Vendor
+from gpuwatch.backends.tiered import GpuFailed as _GpuFailed
+from gpuwatch.backends.tiered import TieredBackend, TieredGpu
+from gpuwatch.backends.tiered import Unavailable as _Unavailable
+from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
 
@@ -133,29 +134,11 @@ _NVLINK_COUNTERS = (
 )
 
 
-class _Unavailable(Exception):
-    """NVML cannot give this value now (not supported, no permission, no such function)."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _GpuFailed(Exception):
-    """One GPU stopped answering: its reading has no sample, the other GPUs are read on."""
-
-
 @dataclass
-class _Gpu:
-    """What the backend keeps about one GPU between polls."""
+class _Gpu(TieredGpu):
+    """What the backend keeps about one GPU between polls (unsupported: (function, arguments) keys)."""
 
-    nvml_index: int
-    handle: Any
-    identity: GpuIdentity
-    # Calls (function, arguments) that answered NotSupported and the like; forgotten at the next static read.
-    unsupported: set[Hashable] = field(default_factory=set)
-    static: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))  # thresholds and max clocks
-    kept: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))  # static + slow, merged into every sample
+    nvml_index: int = field(kw_only=True)
     supported_reasons: int | None = None
     event_types: int = 0
     nvlinks: tuple[int, ...] = ()
@@ -164,8 +147,6 @@ class _Gpu:
     slow_fields: tuple[int, ...] = ()  # added to that call on slow polls
     counter_fields: dict[int, str] = field(default_factory=dict)  # field id -> throttle reason it counts
     violation_policies: dict[int, str] = field(default_factory=dict)  # policy -> reason no field counts
-    needs_static: bool = True
-    needs_slow: bool = True
     persistence_warned: bool = False
 
 
@@ -177,21 +158,20 @@ def load_pynvml() -> Any:
         raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch[nvidia]'") from exc
 
 
-class NvmlBackend:
+class NvmlBackend(TieredBackend[_Gpu]):
     """NVIDIA GPUs through NVML; see the module docstring for the tiers and the choke point."""
 
     name: str = "nvml"
     vendor: Vendor = "nvidia"
+    label = "NVML"
+    gpu_label = "NVML GPU"
+    log = log
 
     def __init__(self, lib: Any, *, index_offset: int = 0, clock: Callable[[], float] = time.time) -> None:
-        self._lib = lib
+        super().__init__(lib, clock)
         self._index_offset = index_offset
-        self._clock = clock
         self._mismatch_error: Any = getattr(lib, "NVMLLibraryMismatchError", ())
         self._missing: frozenset[Hashable] = frozenset()  # functions the library or driver lacks
-        self._open = False
-        self._driver = ""
-        self._gpus: list[_Gpu] = []
         self._unusable: list[UnusableGpu] = []
         self._fields = _FieldIds("")
         self._reason_bits = tuple(
@@ -200,11 +180,7 @@ class NvmlBackend:
             if (bit := _constant(lib, f"nvmlClocksEventReason{suffix}", f"nvmlClocksThrottleReason{suffix}"))
             is not None
         )
-        # The event thread and the poll thread share only these; the lock is held across the event wait so
-        # close() never frees the event set under a waiting thread.
-        self._events_lock = threading.Lock()
-        self._event_set: Any = None
-        self._uuid_by_handle: dict[Hashable, str] = {}
+        self._event_set: Any = None  # shared with the event thread under self._events_lock
 
     # ----- the choke point -----
 
@@ -249,14 +225,6 @@ class NvmlBackend:
             gpu.unsupported.add(key)
         raise _Unavailable(f"{name}: {exc}", code)
 
-    def _call(self, gpu: _Gpu | None, names: str | tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
-        """A value, or None where NVML cannot give it."""
-        try:
-            return self._invoke(gpu, names, args, kwargs)
-        except _Unavailable as exc:
-            log.debug("not available: %s", exc)
-            return None
-
     def _require(self, names: str, *args: Any) -> Any:
         """A value the backend cannot open without; its absence makes the whole backend unavailable."""
         try:
@@ -296,29 +264,6 @@ class NvmlBackend:
         self._open = False
         self._gpus = []
         self._unusable = []
-
-    def gpus(self) -> list[GpuIdentity]:
-        """The GPUs found at open, in NVML index order."""
-        return [gpu.identity for gpu in self._gpus]
-
-    def poll(self, *, slow: bool) -> list[GpuReading]:
-        """Read every GPU: fast tier always, slow tier when asked (and on the first poll of each GPU)."""
-        if not self._open:
-            raise BackendUnavailable("the NVML backend is not open")
-        if slow:
-            self._check_driver()
-        return [self._poll_gpu(gpu, slow) for gpu in self._gpus]
-
-    def wait_events(self, timeout_s: float) -> list[GpuEvent]:
-        """Block up to timeout_s for an XID event; [] on timeout, on a lost GPU and without event support."""
-        deadline = time.monotonic() + timeout_s
-        with self._events_lock:
-            events = self._wait_event(timeout_s) if self._event_set is not None else None
-        if events is None:
-            # Nothing to wait on, or the wait failed early: keep the caller's loop from spinning.
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            return []
-        return events
 
     def unusable(self) -> list[UnusableGpu]:
         """GPUs whose handle NVML refused with InsufficientPower at open."""
@@ -362,17 +307,8 @@ class NvmlBackend:
             else:
                 log.warning("NVML GPU %d: no handle (%s; not visible to this process?); skipped", index, exc)
             return None
-        gpu = _Gpu(index, handle, GpuIdentity(uuid="", vendor="nvidia", index=index + self._index_offset))
-        try:
-            self._read_static(gpu)
-        except _GpuFailed as exc:
-            if not gpu.identity.uuid:
-                log.warning("NVML GPU %d: %s; skipped", index, exc)
-                return None
-        if not gpu.identity.uuid:
-            log.warning("NVML GPU %d: no UUID; skipped", index)
-            return None
-        return gpu
+        gpu = _Gpu(handle, GpuIdentity(uuid="", vendor="nvidia", index=index + self._index_offset), nvml_index=index)
+        return self._first_read(gpu, index, keep_failed=True)
 
     def _open_events(self) -> None:
         """Create the XID event set, registering only GPUs that support XID events."""
@@ -399,7 +335,10 @@ class NvmlBackend:
 
     # ----- events -----
 
-    def _wait_event(self, timeout_s: float) -> list[GpuEvent] | None:
+    def _events_ready(self) -> bool:
+        return self._event_set is not None
+
+    def _wait_locked(self, timeout_s: float) -> list[GpuEvent] | None:
         """One nvmlEventSetWait_v2; None when it timed out or failed."""
         try:
             timeout_ms = max(0, int(timeout_s * 1000))
@@ -433,27 +372,8 @@ class NvmlBackend:
             for gpu in self._gpus:
                 gpu.needs_static = True
 
-    def _poll_gpu(self, gpu: _Gpu, slow: bool) -> GpuReading:
-        try:
-            sample = self._read(gpu, slow)  # may re-read the identity
-            return GpuReading(gpu.identity, sample)
-        except _GpuFailed as exc:
-            gpu.needs_static = True  # when it answers again, read it afresh
-            return GpuReading(gpu.identity, None, error=str(exc))
-
-    def _read(self, gpu: _Gpu, slow: bool) -> GpuSample:
-        if gpu.needs_static:
-            self._read_static(gpu)
-        slow = slow or gpu.needs_slow
-        values = self._read_fields(gpu, gpu.fast_fields + (gpu.slow_fields if slow else ()))
-        if slow:
-            kept = copy.deepcopy(gpu.static)
-            self._read_slow(gpu, kept, values)
-            gpu.kept, gpu.needs_slow = kept, False
-        sample = copy.deepcopy(gpu.kept)
-        sample.timestamp = self._clock()
-        self._read_fast(gpu, sample, values)
-        return sample
+    def _begin(self, gpu: _Gpu, slow: bool) -> dict[int, float | None]:
+        return self._read_fields(gpu, gpu.fast_fields + (gpu.slow_fields if slow else ()))
 
     def _read_fields(self, gpu: _Gpu, ids: tuple[int, ...]) -> dict[int, float | None]:
         """One batched nvmlDeviceGetFieldValues: id -> value, None where the driver did not fill it
