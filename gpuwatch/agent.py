@@ -1,4 +1,5 @@
-"""Wiring: vendor backends, the poll schedule, the event threads, the store and the HTTP server.
+"""The service: composes the collectors (gpu_collector, events, host, probe), the store, the exposition and the HTTP
+server, and runs start, stop, reload and health.
 
 The poll job runs on an APScheduler BackgroundScheduler (one instance at a time, missed runs coalesced), so a slow or
 hung vendor call delays only the next poll — never a scrape, which reads the store.
@@ -6,50 +7,38 @@ hung vendor call delays only the next poll — never a scrape, which reads the s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from datetime import datetime
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gpuwatch.backends.base import Backend, BackendUnavailable
-from gpuwatch.config import Config, ConfigError, load_config, parse_listen
+from gpuwatch.config import Config, ConfigError, parse_listen
+from gpuwatch.events import EventCollector
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
+from gpuwatch.gpu_collector import VendorCollectors
 from gpuwatch.host.collectors import HostCollectors
-from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
-from gpuwatch.model import GpuEvent
 from gpuwatch.probe.runner import agent_probe_runner
 from gpuwatch.sdnotify import ServiceNotifier
 from gpuwatch.sources import BackendSlot, NodeSources
-from gpuwatch.statedir import AgentLock, StateDirBusy, StateDirUnsafe, clean_stale_temp_files, require_safe_state_dir
-from gpuwatch.statefile import KnownGpus, StateDirError, check_state_dir
+from gpuwatch.startup import claim_state_dir, live_part, watchdog_problem
+from gpuwatch.statedir import AgentLock
+from gpuwatch.statefile import KnownGpus
 from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
 from gpuwatch.webconfig import apply_web_config
 
-if TYPE_CHECKING:
-    from gpuwatch.simulation import SimulatedNode
-
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_SECONDS = 60.0
-EVENT_WAIT_SECONDS = 1.0
 STOP_GRACE_SECONDS = 1.5
-MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI address is known
-
-
-class StartupError(Exception):
-    """A resource the agent cannot work without is unavailable (exit 69)."""
 
 
 class Agent:
@@ -77,8 +66,8 @@ class Agent:
         self._reload_requested = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
         self._http: HttpServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._unmatched_xids: list[KernelXid] = []
+        self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
+        self.events = EventCollector(self.store, sources.kernel_log, clock, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwatchCollector(self.store))
         self.host = HostCollectors(sources.host, self.store, monotonic=monotonic, clock=clock)
@@ -94,10 +83,10 @@ class Agent:
 
     def start(self) -> None:
         """Claim what the agent cannot run without (state dir, port), then start polling and serving."""
-        problem = self._watchdog_problem(self.config)
+        problem = watchdog_problem(self._notifier.watchdog_seconds, self.config)
         if problem is not None:  # exit 78 before anything starts, not a watchdog restart loop with no hint
             raise ConfigError(str(self.config.source), "agent.poll_interval_seconds", problem)
-        self._check_state_dir()
+        claim_state_dir(self.config, self._state_lock)
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
         metrics = cached_metrics_app(CachedExposition(self.store), make_wsgi_app(self.registry))  # bursts share renders
@@ -116,37 +105,6 @@ class Agent:
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
 
-    def _watchdog_problem(self, config: Config) -> str | None:
-        """Why systemd's watchdog would kill this agent between polls, or None (pings follow each poll only)."""
-        watchdog = self._notifier.watchdog_seconds
-        poll = config.agent.poll_interval_seconds
-        if watchdog is None or poll <= watchdog / 2:
-            return None
-        return (
-            f"{poll:g} s exceeds half the systemd watchdog period "
-            f"(WatchdogSec={watchdog:g}s, from $WATCHDOG_USEC): the agent pings the watchdog after each poll, so "
-            f"systemd would kill and restart it between polls; set agent.poll_interval_seconds to at most "
-            f"{watchdog / 2:g} or raise WatchdogSec= above {2 * poll:g}s in a drop-in (systemctl edit gpuwatch)"
-        )
-
-    def _check_state_dir(self) -> None:
-        """Only ours (exit 78), writable and not another agent's (exit 69); then clear a killed agent's temp files."""
-        try:
-            require_safe_state_dir(self.config.state_dir)
-        except StateDirUnsafe as exc:
-            raise ConfigError(str(self.config.source), "agent.state_dir", str(exc)) from None
-        try:
-            check_state_dir(self.config.state_dir)
-            self._state_lock.acquire()
-        except StateDirBusy as exc:
-            raise StartupError(str(exc)) from None
-        except (StateDirError, OSError) as exc:
-            raise StartupError(
-                f"state dir {self.config.state_dir} is not writable ({exc}); create it for the agent's user "
-                "or pass --state-dir"
-            ) from None
-        clean_stale_temp_files(self.config.state_dir)
-
     def _start_scheduler(self) -> None:
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
         scheduler.add_job(
@@ -164,17 +122,12 @@ class Agent:
         # The first poll runs at once so the first scrape is complete.
         job = scheduler.get_job("poll")
         if job is not None:
-            job.modify(next_run_time=_now_local())
+            job.modify(next_run_time=datetime.now().astimezone())
         self._scheduler = scheduler
 
     def _start_event_threads(self) -> None:
-        if "xid_events" in self.config.agent.disable_collectors:
-            return
-        self.store.register_collector("xid_events", EVENT_WAIT_SECONDS)
-        for slot in self._active_slots():
-            thread = threading.Thread(target=self._event_loop, args=(slot,), name=f"events-{slot.name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        if "xid_events" not in self.config.agent.disable_collectors:
+            self.events.start(self._active_slots())
 
     def run_until_signalled(self) -> None:
         """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
@@ -207,19 +160,12 @@ class Agent:
         if self._http is not None:
             self._http.stop()
             self._http = None
-        closer = threading.Thread(target=self._close_backends, name="close", daemon=True)
+        closer = threading.Thread(target=self.vendors.close, name="close", daemon=True)
         closer.start()
         closer.join(STOP_GRACE_SECONDS)
         if closer.is_alive():
             log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
         self._state_lock.release()
-
-    def _close_backends(self) -> None:
-        for slot in self._sources.slots:
-            with slot.lock:
-                if slot.backend is not None:
-                    slot.backend.close()
-                    slot.backend = None
 
     # --- polling -------------------------------------------------------------------------------------------
 
@@ -228,80 +174,13 @@ class Agent:
         return list(self._sources.slots)
 
     def _active_slots(self) -> list[BackendSlot]:
-        disabled = self.config.agent.disable_collectors
-        return [slot for slot in self._sources.slots if slot.name not in disabled]
+        return self.vendors.active()
 
     def poll_once(self) -> None:
         """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
-        for slot in self._active_slots():
-            started = self._monotonic()
-            try:
-                ok = self._poll_slot(slot)
-            except Exception:
-                log.exception("%s poll failed unexpectedly", slot.name)
-                ok = False
-            self.store.record_collector_run(slot.name, success=ok, duration_seconds=self._monotonic() - started)
+        self.vendors.poll_once()
         self._known.remember(self.store.identities().values())
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
-
-    def _poll_slot(self, slot: BackendSlot) -> bool:
-        now = self._monotonic()
-        backend = slot.backend
-        if backend is None:
-            if now < slot.next_attempt:
-                return False
-            backend = self._open(slot, now)
-            if backend is None:
-                return False
-        slow = now - slot.last_slow_poll >= self.config.agent.slow_poll_interval_seconds
-        try:
-            readings = backend.poll(slow=slow)
-        except Exception as exc:  # BackendUnavailable, or a bug: reopen with backoff rather than fail every poll
-            if not isinstance(exc, BackendUnavailable):
-                log.exception("%s poll failed unexpectedly; reopening the library", slot.name)
-            self._backend_failed(slot, now, str(exc))
-            with slot.lock:
-                backend.close()
-                slot.backend = None
-            return False
-        if slow:
-            slot.last_slow_poll = now
-        self.store.record_poll(readings)
-        self.store.set_unusable(slot.name, backend.unusable())
-        for uuid in backend.reset_uuids():  # AMD: reset counters exist from start-up at 0
-            self.store.ensure_resets_counter(uuid)
-        return True
-
-    def _open(self, slot: BackendSlot, now: float) -> Backend | None:
-        try:
-            backend = slot.factory()
-            backend.open()
-        except Exception as exc:  # a bug in a backend is a library that cannot be used: backoff, never a loop
-            if not isinstance(exc, BackendUnavailable) and not slot.down_reported:
-                log.exception("%s failed to open unexpectedly", slot.name)
-            self._backend_failed(slot, now, str(exc) if isinstance(exc, BackendUnavailable) else repr(exc))
-            return None
-        with slot.lock:
-            slot.backend = backend
-        slot.backoff = 1.0
-        slot.last_slow_poll = -math.inf
-        self.store.set_backend(slot.name, True)
-        if slot.down_reported:
-            log.info("%s is available again", slot.name)
-        slot.down_reported = False
-        return backend
-
-    def _backend_failed(self, slot: BackendSlot, now: float, message: str) -> None:
-        """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
-        self.store.set_backend(slot.name, False, message)
-        self.store.set_unusable(slot.name, ())
-        if not slot.down_reported and not self._stop.is_set():  # closing the library under a hung call is ours
-            log.error(
-                "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
-            )
-            slot.down_reported = True
-        slot.next_attempt = now + slot.backoff
-        slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
 
     def _update_expected(self) -> None:
         counts = self._sources.pci_gpu_counts()
@@ -312,44 +191,9 @@ class Agent:
 
     # --- events --------------------------------------------------------------------------------------------
 
-    def _event_loop(self, slot: BackendSlot) -> None:
-        while not self._stop.is_set():
-            started = self._monotonic()
-            ok = True
-            try:
-                self.read_events_once(slot, EVENT_WAIT_SECONDS)
-            except Exception:
-                log.exception("event reader for %s failed", slot.name)
-                ok = False
-                self._stop.wait(EVENT_WAIT_SECONDS)
-            self.store.record_collector_run("xid_events", success=ok, duration_seconds=self._monotonic() - started)
-
     def read_events_once(self, slot: BackendSlot, timeout_s: float) -> None:
         """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
-        backend = slot.backend
-        if backend is None:
-            self._stop.wait(timeout_s)
-            events: list[GpuEvent] = []
-        else:
-            events = backend.wait_events(timeout_s)
-        reader = self._sources.kernel_log if slot.vendor == "nvidia" else None
-        if reader is not None:
-            events.extend(self._kernel_xids(reader))
-        self.store.add_events(events)
-
-    def _kernel_xids(self, reader: KernelLogXidReader) -> list[GpuEvent]:
-        """Kernel-log XIDs mapped to GPUs; those of a GPU not known yet (NVML still opening, or down) wait for it."""
-        events = []
-        waiting: list[KernelXid] = []
-        for xid in [*self._unmatched_xids, *reader.read_new(now=self._clock())]:
-            identity = self.store.identity_by_pci(normalize_pci_bus_id(xid.pci_bus_id), normalize_pci_bus_id)
-            if identity is None:
-                waiting.append(xid)
-            else:
-                events.append(GpuEvent(identity.uuid, "xid", xid.timestamp, code=xid.xid, source="kmsg"))
-        self._unmatched_xids = waiting[-MAX_UNMATCHED_XIDS:]
-        self.store.add_sxids(reader.drain_sxids())
-        return events
+        self.events.read_once(slot, timeout_s)
 
     # --- health and reload ---------------------------------------------------------------------------------
 
@@ -378,29 +222,12 @@ class Agent:
         except ConfigError as exc:
             log.error("configuration not reloaded, keeping the running one: %s", exc)
             return
-        problem = self._watchdog_problem(new)
+        problem = watchdog_problem(self._notifier.watchdog_seconds, new)
         if problem is not None:
             log.error("configuration not reloaded, keeping the running one: agent.poll_interval_seconds: %s", problem)
             return
         old = self.config
-        restart_only = ("listen", "web_config", "backend", "state_dir", "disable_collectors")
-        for key in restart_only:
-            if getattr(old.agent, key) != getattr(new.agent, key):
-                log.warning("agent.%s changed: takes effect after a restart", key)
-        if old.xid != new.xid:
-            log.warning("[xid] changed: takes effect after a restart")
-        # Keep what the running sockets, backends and threads were built from, so the agent stays consistent.
-        new = dataclasses.replace(
-            new,
-            agent=dataclasses.replace(new.agent, **{key: getattr(old.agent, key) for key in restart_only}),
-            xid=old.xid,
-        )
-        if old.simulated != new.simulated:
-            log.warning("[simulated] changed: takes effect after a restart")
-        if old.probe != new.probe:
-            log.warning("[probe] changed: takes effect after a restart")
-        if old.host != new.host:
-            log.warning("[host] changed: takes effect after a restart")
+        new = live_part(old, new)  # what the running sockets, backends and threads were built from stays
         logging.getLogger().setLevel(new.agent.log_level.upper())
         self.config = new
         self.store.poll_interval_seconds = new.agent.poll_interval_seconds
@@ -413,20 +240,8 @@ class Agent:
         log.info("configuration reloaded from %s", new.source)
 
 
-def _now_local() -> Any:
-    from datetime import datetime
-
-    return datetime.now().astimezone()
-
-
-def build_sources(
-    config: Config, *, sysfs_root: Path = Path("/sys"), simulated_node: SimulatedNode | None = None
-) -> NodeSources:
-    """This node's sources (gpuwatch.simulation.build_sources; the simulator is imported only when asked for)."""
+def build_sources(config: Config, **kwargs: Any) -> NodeSources:
+    """This node's sources: gpuwatch.simulation.build_sources (the simulator is imported only when asked for)."""
     from gpuwatch.simulation import build_sources as build
 
-    return build(config, sysfs_root=sysfs_root, simulated_node=simulated_node)
-
-
-def load_for_reload(path: Path | None, overrides: dict[str, dict[str, Any]]) -> Callable[[], Config]:
-    return lambda: load_config(path, overrides)
+    return build(config, **kwargs)

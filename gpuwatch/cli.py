@@ -263,8 +263,9 @@ def config_vendor(args: argparse.Namespace) -> str:
 
 
 def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str, Any]], *, announce: bool) -> int:
-    from gpuwatch.agent import Agent, StartupError, load_for_reload
+    from gpuwatch.agent import Agent
     from gpuwatch.simulation import build_sources
+    from gpuwatch.startup import StartupError, load_for_reload
     from gpuwatch.web import ListenError
 
     _setup_logging(config.agent.log_level)

@@ -165,10 +165,11 @@ def make_plan(
 
 def start_node(plan: FleetPlan, index: int) -> Any:
     """One node: its simulated GPUs, the real agent over them, listening on its own port. Returns the Agent."""
-    from gpuwatch.agent import Agent, StartupError
+    from gpuwatch.agent import Agent
     from gpuwatch.config import ConfigError, load_config
     from gpuwatch.simulated.scenarios import SimulatedNode
     from gpuwatch.simulation import build_sources
+    from gpuwatch.startup import StartupError
     from gpuwatch.web import ListenError
 
     state_dir = plan.state_dir / plan.node_name(index)

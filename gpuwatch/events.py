@@ -1,0 +1,82 @@
+"""The xid_events collector: a thread per vendor backend waits for its events (NVML XIDs, AMD resets) and reads
+the kernel log's NVIDIA XIDs, mapped to GPUs by PCI address."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
+from gpuwatch.model import GpuEvent
+from gpuwatch.sources import BackendSlot
+from gpuwatch.store import SampleStore
+
+log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
+
+EVENT_WAIT_SECONDS = 1.0
+MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI address is known
+
+
+class EventCollector:
+    def __init__(
+        self,
+        store: SampleStore,
+        kernel_log: KernelLogXidReader | None,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
+        stopping: threading.Event,
+    ) -> None:
+        self._store = store
+        self._kernel_log = kernel_log
+        self._clock = clock
+        self._monotonic = monotonic
+        self._stopping = stopping
+        self._unmatched_xids: list[KernelXid] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, slots: list[BackendSlot]) -> None:
+        self._store.register_collector("xid_events", EVENT_WAIT_SECONDS)
+        for slot in slots:
+            thread = threading.Thread(target=self._loop, args=(slot,), name=f"events-{slot.name}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _loop(self, slot: BackendSlot) -> None:
+        while not self._stopping.is_set():
+            started = self._monotonic()
+            ok = True
+            try:
+                self.read_once(slot, EVENT_WAIT_SECONDS)
+            except Exception:
+                log.exception("event reader for %s failed", slot.name)
+                ok = False
+                self._stopping.wait(EVENT_WAIT_SECONDS)
+            self._store.record_collector_run("xid_events", success=ok, duration_seconds=self._monotonic() - started)
+
+    def read_once(self, slot: BackendSlot, timeout_s: float) -> None:
+        """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
+        backend = slot.backend
+        if backend is None:
+            self._stopping.wait(timeout_s)
+            events: list[GpuEvent] = []
+        else:
+            events = backend.wait_events(timeout_s)
+        reader = self._kernel_log if slot.vendor == "nvidia" else None
+        if reader is not None:
+            events.extend(self._kernel_xids(reader))
+        self._store.add_events(events)
+
+    def _kernel_xids(self, reader: KernelLogXidReader) -> list[GpuEvent]:
+        """Kernel-log XIDs mapped to GPUs; those of a GPU not known yet (NVML still opening, or down) wait for it."""
+        events = []
+        waiting: list[KernelXid] = []
+        for xid in [*self._unmatched_xids, *reader.read_new(now=self._clock())]:
+            identity = self._store.identity_by_pci(normalize_pci_bus_id(xid.pci_bus_id), normalize_pci_bus_id)
+            if identity is None:
+                waiting.append(xid)
+            else:
+                events.append(GpuEvent(identity.uuid, "xid", xid.timestamp, code=xid.xid, source="kmsg"))
+        self._unmatched_xids = waiting[-MAX_UNMATCHED_XIDS:]
+        self._store.add_sxids(reader.drain_sxids())
+        return events

@@ -1,0 +1,117 @@
+"""The vendor collectors (nvml, amdsmi): one poll of every backend slot, each timed and isolated, opened lazily and
+reopened with exponential backoff after it fails. Runs on the scheduler's poll job, never on the scrape path."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+
+from gpuwatch.backends.base import Backend, BackendUnavailable
+from gpuwatch.config import Config
+from gpuwatch.sources import BackendSlot
+from gpuwatch.store import SampleStore
+
+log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
+
+MAX_BACKOFF_SECONDS = 60.0
+
+
+class VendorCollectors:
+    """The backend slots of a node, polled together; `config` is asked each poll (a reload changes it)."""
+
+    def __init__(
+        self,
+        slots: list[BackendSlot],
+        store: SampleStore,
+        config: Callable[[], Config],
+        monotonic: Callable[[], float],
+        stopping: threading.Event,
+    ) -> None:
+        self.slots = slots
+        self._store = store
+        self._config = config
+        self._monotonic = monotonic
+        self._stopping = stopping
+
+    def active(self) -> list[BackendSlot]:
+        disabled = self._config().agent.disable_collectors
+        return [slot for slot in self.slots if slot.name not in disabled]
+
+    def poll_once(self) -> None:
+        """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
+        for slot in self.active():
+            started = self._monotonic()
+            try:
+                ok = self._poll_slot(slot)
+            except Exception:
+                log.exception("%s poll failed unexpectedly", slot.name)
+                ok = False
+            self._store.record_collector_run(slot.name, success=ok, duration_seconds=self._monotonic() - started)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            with slot.lock:
+                if slot.backend is not None:
+                    slot.backend.close()
+                    slot.backend = None
+
+    def _poll_slot(self, slot: BackendSlot) -> bool:
+        now = self._monotonic()
+        backend = slot.backend
+        if backend is None:
+            if now < slot.next_attempt:
+                return False
+            backend = self._open(slot, now)
+            if backend is None:
+                return False
+        slow = now - slot.last_slow_poll >= self._config().agent.slow_poll_interval_seconds
+        try:
+            readings = backend.poll(slow=slow)
+        except Exception as exc:  # BackendUnavailable, or a bug: reopen with backoff rather than fail every poll
+            if not isinstance(exc, BackendUnavailable):
+                log.exception("%s poll failed unexpectedly; reopening the library", slot.name)
+            self._failed(slot, now, str(exc))
+            with slot.lock:
+                backend.close()
+                slot.backend = None
+            return False
+        if slow:
+            slot.last_slow_poll = now
+        self._store.record_poll(readings)
+        self._store.set_unusable(slot.name, backend.unusable())
+        for uuid in backend.reset_uuids():  # AMD: reset counters exist from start-up at 0
+            self._store.ensure_resets_counter(uuid)
+        return True
+
+    def _open(self, slot: BackendSlot, now: float) -> Backend | None:
+        try:
+            backend = slot.factory()
+            backend.open()
+        except Exception as exc:  # a bug in a backend is a library that cannot be used: backoff, never a loop
+            if not isinstance(exc, BackendUnavailable) and not slot.down_reported:
+                log.exception("%s failed to open unexpectedly", slot.name)
+            self._failed(slot, now, str(exc) if isinstance(exc, BackendUnavailable) else repr(exc))
+            return None
+        with slot.lock:
+            slot.backend = backend
+        slot.backoff = 1.0
+        slot.last_slow_poll = -math.inf
+        self._store.set_backend(slot.name, True)
+        if slot.down_reported:
+            log.info("%s is available again", slot.name)
+        slot.down_reported = False
+        return backend
+
+    def _failed(self, slot: BackendSlot, now: float, message: str) -> None:
+        """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
+        self._store.set_backend(slot.name, False, message)
+        self._store.set_unusable(slot.name, ())
+        if not slot.down_reported and not self._stopping.is_set():  # closing the library under a hung call is ours
+            log.error(
+                "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
+            )
+            slot.down_reported = True
+        slot.next_attempt = now + slot.backoff
+        slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
