@@ -18,6 +18,7 @@ replays, no sample is lost, and the alerts resume.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,18 +65,43 @@ ALERT_NODES = 6  # nodes 0-5: test_alerts_e2e's fleet and faults, unchanged
 DASHBOARD_FAULTS = ["6=mixed", "7/3=xid"]  # tests/test_dashboards_prometheus.py's faults, moved to nodes 6 and 7
 NODES = 12  # 8-11 healthy
 HEALTHY = {"node-000", "node-005", "node-008", "node-009", "node-010", "node-011"}
-SHARDS = 2
+SHARDS = 2  # deploy/victoriametrics/vmagent.env's -promscrape.cluster.membersCount
+VM_DEPLOY = ROOT / "deploy" / "victoriametrics"
 DEADLINE_S = 150.0
 OUTAGE_S = 30  # the store down this long while the fleet runs
 
 
 def _vm_scrape_config(targets: Path) -> dict[str, Any]:
-    """The shipped Prometheus scrape job as vmagent reads it: the same job name and relabelling, 1 s scrapes."""
-    prom = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-    job = prom["scrape_configs"][0]
+    """The shipped vmagent.yml, scraping every second the targets simulate-fleet writes."""
+    config: dict[str, Any] = yaml.safe_load((VM_DEPLOY / "vmagent.yml").read_text())
+    config["global"]["scrape_interval"] = "1s"
+    job = config["scrape_configs"][0]
     job["scrape_interval"], job["scrape_timeout"] = "1s", "1s"
     job["file_sd_configs"] = [{"files": [str(targets)]}]  # vmagent: -promscrape.fileSDCheckInterval
-    return {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}
+    return config
+
+
+def shipped_args(env_file: str, **overrides: str | list[str]) -> list[str]:
+    """The flags of a shipped deploy/victoriametrics/*.env (ARGS="..."), each flag named in overrides (dots as
+    underscores) replaced by the value(s) given there, or added."""
+    text = (VM_DEPLOY / env_file).read_text().replace("\\\n", "")
+    [assignment] = shlex.split(text, comments=True)
+    args = shlex.split(assignment.removeprefix("ARGS="))
+    wanted = {name.replace("_", "."): [v] if isinstance(v, str) else v for name, v in overrides.items()}
+    out: list[str] = []
+    for arg in args:
+        name = arg.lstrip("-").split("=", 1)[0]
+        if name not in wanted:
+            out.append(arg)
+        elif not any(a.startswith(f"-{name}=") for a in out):
+            out += [f"-{name}={v}" for v in wanted[name]]
+    return out + [
+        f"-{name}={v}" for name, values in wanted.items() if f"-{name}=" not in arg_names(out) for v in values
+    ]
+
+
+def arg_names(args: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] + "=" for a in args}
 
 
 @dataclass
@@ -99,12 +125,14 @@ class Stack:
     def vm_cmd(self) -> list[str]:
         return [
             "victoria-metrics",
-            f"-storageDataPath={self.tmp / 'vmdata'}",
-            f"-httpListenAddr=127.0.0.1:{self.vm_port}",
-            "-retentionPeriod=1d",
-            "-search.latencyOffset=1s",  # default 30 s: the newest points hidden that long (see deploy/victoriametrics)
-            "-search.disableCache",
-            "-loggerLevel=WARN",
+            *shipped_args(
+                "victoria-metrics.env",
+                storageDataPath=str(self.tmp / "vmdata"),
+                httpListenAddr=f"127.0.0.1:{self.vm_port}",
+                search_latencyOffset="1s",  # shipped 30 s: the newest samples hidden that long
+                search_disableCache="true",
+                loggerLevel="WARN",
+            ),
         ]
 
     def query(self, expr: str, at: float | None = None) -> list[Any]:
@@ -185,14 +213,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"vmagent-{shard}",
                 [
                     "vmagent",
-                    f"-promscrape.config={tmp / 'vmagent.yml'}",
-                    "-promscrape.fileSDCheckInterval=1s",
-                    f"-promscrape.cluster.membersCount={SHARDS}",
-                    f"-promscrape.cluster.memberNum={shard}",
-                    f"-remoteWrite.url={s.vm}/api/v1/write",
-                    f"-remoteWrite.tmpDataPath={tmp / f'vmagent-{shard}-buffer'}",
-                    f"-httpListenAddr=127.0.0.1:{port}",
-                    "-loggerLevel=WARN",
+                    *shipped_args(
+                        "vmagent.env",
+                        promscrape_config=str(tmp / "vmagent.yml"),
+                        promscrape_fileSDCheckInterval="1s",
+                        promscrape_cluster_memberNum=str(shard),  # vmagent@.service's instance
+                        remoteWrite_url=f"{s.vm}/api/v1/write",
+                        remoteWrite_tmpDataPath=str(tmp / f"vmagent-{shard}-buffer"),
+                        httpListenAddr=f"127.0.0.1:{port}",
+                        loggerLevel="WARN",
+                    ),
                 ],
             )
         s.start(
@@ -209,17 +239,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "vmalert",
             [
                 "vmalert",
-                f"-rule={tmp / 'gpuwatch-rules.yml'}",
-                f"-rule={tmp / 'gpuwatch-alerts.yml'}",
-                f"-datasource.url={s.vm}",
-                f"-remoteWrite.url={s.vm}",  # recording rules and ALERTS back into the store
-                f"-remoteRead.url={s.vm}",  # alert state restored after a restart
-                f"-notifier.url=http://127.0.0.1:{am_port}",
-                "-evaluationInterval=1s",
-                "-remoteWrite.flushInterval=1s",
-                f"-httpListenAddr=127.0.0.1:{vmalert_port}",
-                f"-external.url=http://127.0.0.1:{vmalert_port}",
-                "-loggerLevel=WARN",
+                *shipped_args(
+                    "vmalert.env",
+                    rule=[str(tmp / "gpuwatch-rules.yml"), str(tmp / "gpuwatch-alerts.yml")],  # durations scaled
+                    datasource_url=s.vm,
+                    remoteWrite_url=s.vm,
+                    remoteRead_url=s.vm,
+                    notifier_url=f"http://127.0.0.1:{am_port}",
+                    evaluationInterval="1s",
+                    remoteWrite_flushInterval="1s",
+                    httpListenAddr=f"127.0.0.1:{vmalert_port}",
+                    external_url=f"http://127.0.0.1:{vmalert_port}",
+                    loggerLevel="WARN",
+                ),
             ],
         )
         s.start(
@@ -274,6 +306,35 @@ def test_vmalert_accepts_the_shipped_rules_unchanged() -> None:
     rules = [f"-rule={PROM_DIR / name}" for name in ("gpuwatch-rules.yml", "gpuwatch-alerts.yml")]
     done = subprocess.run(["vmalert", "-dryRun", *rules], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_shipped_vmagent_job_is_the_prometheus_job() -> None:
+    """deploy/victoriametrics/vmagent.yml scrapes as deploy/prometheus/prometheus.yml does: the rules and dashboards
+    need the same job name and `node` label. vmagent accepts it (-dryRun), and the flags files name what they must."""
+    vm_job = yaml.safe_load((VM_DEPLOY / "vmagent.yml").read_text())["scrape_configs"][0]
+    prom_job = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())["scrape_configs"][0]
+    for sd in prom_job["file_sd_configs"]:
+        sd.pop("refresh_interval")  # vmagent: -promscrape.fileSDCheckInterval
+    assert vm_job == prom_job
+    checked = subprocess.run(
+        ["vmagent", "-dryRun", f"-promscrape.config={VM_DEPLOY / 'vmagent.yml'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"-promscrape.cluster.membersCount={SHARDS}" in shipped_args("vmagent.env")
+    rules = [a.split("=", 1)[1] for a in shipped_args("vmalert.env") if a.startswith("-rule=")]
+    assert [Path(r).name for r in rules] == ["gpuwatch-rules.yml", "gpuwatch-alerts.yml"]
+
+
+def test_shipped_units_verify() -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze missing")
+    for unit in ("vmagent@.service", "vmalert.service"):
+        done = subprocess.run([analyze, "verify", str(VM_DEPLOY / unit)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and not done.stderr.strip(), (unit, done.stderr)
 
 
 def _on_alert_nodes(alerts: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, str]]:
