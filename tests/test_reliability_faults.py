@@ -29,7 +29,8 @@ POLLS = 200
 
 def long_lived_threads() -> set[str]:
     """The agent's own threads (HTTP server, scheduler, event readers), not the per-request ones."""
-    return {t.name for t in threading.enumerate() if "process_request_thread" not in t.name}
+    per_request = ("process_request_thread", "http-conn")  # gpuwatch/web.py names each connection's thread
+    return {t.name for t in threading.enumerate() if not any(p in t.name for p in per_request)}
 
 
 def counters(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
