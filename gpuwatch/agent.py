@@ -19,19 +19,20 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from gpuwatch.collector import CollectorContext, Collectors
 from gpuwatch.config import Config, ConfigError, parse_listen
 from gpuwatch.events import EventCollector
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
 from gpuwatch.gpu_collector import VendorCollectors
-from gpuwatch.host.collectors import HostCollectors
-from gpuwatch.probe.runner import agent_probe_runner
+from gpuwatch.probe.collector import ProbeCollector
+from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.sdnotify import ServiceNotifier
 from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.startup import claim_state_dir, live_part, watchdog_problem
 from gpuwatch.statedir import AgentLock
 from gpuwatch.statefile import KnownGpus
-from gpuwatch.status_page import render_status_page
+from gpuwatch.status_page import gpu_health, render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
 from gpuwatch.webconfig import apply_web_config
@@ -67,11 +68,16 @@ class Agent:
         self._scheduler: BackgroundScheduler | None = None
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
-        self.events = EventCollector(self.store, sources.kernel_log, clock, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GpuwatchCollector(self.store))
-        self.host = HostCollectors(sources.host, self.store, monotonic=monotonic, clock=clock)
-        self.probe = agent_probe_runner(config, self.store, sources.probe_slowdown, clock)  # None when off
+        # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (collector.py).
+        context = CollectorContext(
+            lambda: self.config, sources, self.store, self.vendors.active(), clock, monotonic, self._stop
+        )
+        self.collectors = Collectors.build(context)
+        probe = self.collectors.of_type(ProbeCollector)
+        self.probe: ProbeRunner | None = probe.runner if probe is not None else None  # None when off
+        self.store.probe.configure(enabled=self.probe is not None, interval_seconds=config.probe.interval_seconds)
         self._update_expected()
 
     # --- life cycle ----------------------------------------------------------------------------------------
@@ -90,17 +96,15 @@ class Agent:
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
         metrics = cached_metrics_app(CachedExposition(self.store), make_wsgi_app(self.registry))  # bursts share renders
-        app = make_app(self.registry, self.health, lambda: render_status_page(self.store.snapshot()), metrics)
+        page = lambda: render_status_page(self.store.snapshot())  # noqa: E731
+        app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
         app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78
         self._http = HttpServer(host, port, app, wrap_socket)
-        for slot in self._active_slots():
-            self.store.register_collector(slot.name, self.config.agent.poll_interval_seconds)
-        self.host.register()
+        self.collectors.register()
         if self.probe is not None:
-            self.store.register_collector("probe", self.config.probe.interval_seconds)
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
         self._start_scheduler()
-        self._start_event_threads()
+        self.collectors.start_threads()  # xid_events: a thread per vendor backend
         self._http.start()
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
@@ -114,20 +118,14 @@ class Agent:
             id="poll",
             next_run_time=None,
         )
-        self.host.add_jobs(scheduler)  # hwmon and ipmi: their own jobs and intervals, never on the scrape path
-        if self.probe is not None:  # first run one interval after start; never two at once
-            interval = self.config.probe.interval_seconds
-            scheduler.add_job(self.probe.run_scheduled, "interval", seconds=interval, id="probe")
+        # hwmon, ipmi, probe: their own jobs and intervals, never on the scrape path
+        self.collectors.add_jobs(scheduler, except_jobs=("poll",))
         scheduler.start()
         # The first poll runs at once so the first scrape is complete.
         job = scheduler.get_job("poll")
         if job is not None:
             job.modify(next_run_time=datetime.now().astimezone())
         self._scheduler = scheduler
-
-    def _start_event_threads(self) -> None:
-        if "xid_events" not in self.config.agent.disable_collectors:
-            self.events.start(self._active_slots())
 
     def run_until_signalled(self) -> None:
         """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
@@ -160,11 +158,15 @@ class Agent:
         if self._http is not None:
             self._http.stop()
             self._http = None
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
         closer = threading.Thread(target=self.vendors.close, name="close", daemon=True)
         closer.start()
         closer.join(STOP_GRACE_SECONDS)
         if closer.is_alive():
             log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
+        running = self.collectors.join_threads(max(0.0, deadline - time.monotonic()))  # xid_events: bounded
+        if running:
+            log.debug("collector threads still running at exit (daemons): %s", ", ".join(running))
         self._state_lock.release()
 
     # --- polling -------------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ class Agent:
 
     def poll_once(self) -> None:
         """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
-        self.vendors.poll_once()
+        self.collectors.run_job("poll")
         self._known.remember(self.store.identities().values())
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
 
@@ -193,7 +195,9 @@ class Agent:
 
     def read_events_once(self, slot: BackendSlot, timeout_s: float) -> None:
         """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
-        self.events.read_once(slot, timeout_s)
+        events = self.collectors.of_type(EventCollector)
+        if events is not None:
+            events.read_once(slot, timeout_s)
 
     # --- health and reload ---------------------------------------------------------------------------------
 
@@ -233,8 +237,7 @@ class Agent:
         self.store.poll_interval_seconds = new.agent.poll_interval_seconds
         self.store.configured_power_limit_watts = new.gpus.power_limit_watts
         self._update_expected()
-        for slot in self._active_slots():
-            self.store.register_collector(slot.name, new.agent.poll_interval_seconds)
+        self.collectors.register()  # the vendors' interval is the poll interval
         if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:
             self._scheduler.reschedule_job("poll", trigger="interval", seconds=new.agent.poll_interval_seconds)
         log.info("configuration reloaded from %s", new.source)

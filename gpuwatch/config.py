@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from gpuwatch.model import COLLECTORS
+from gpuwatch.registry import COLLECTORS
 from gpuwatch.scenario_catalogue import SCENARIOS
 from gpuwatch.tomlfile import TomlFileError, load_toml_file
 

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from gpuwatch.collector import CollectorContext, Threads
 from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
 from gpuwatch.sources import BackendSlot
@@ -19,6 +20,11 @@ MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI ad
 
 
 class EventCollector:
+    """The `xid_events` collector: a thread per vendor backend, each run waiting up to EVENT_WAIT_SECONDS."""
+
+    name = "xid_events"
+    interval_seconds = EVENT_WAIT_SECONDS
+
     def __init__(
         self,
         store: SampleStore,
@@ -33,26 +39,27 @@ class EventCollector:
         self._monotonic = monotonic
         self._stopping = stopping
         self._unmatched_xids: list[KernelXid] = []
-        self.threads: list[threading.Thread] = []
+        self.schedule = Threads({})
 
-    def start(self, slots: list[BackendSlot]) -> None:
-        self._store.register_collector("xid_events", EVENT_WAIT_SECONDS)
-        for slot in slots:
-            thread = threading.Thread(target=self._loop, args=(slot,), name=f"events-{slot.name}", daemon=True)
-            thread.start()
-            self.threads.append(thread)
+    def watch(self, slots: list[BackendSlot]) -> EventCollector:
+        self.schedule = Threads({f"events-{slot.name}": self._runner(slot) for slot in slots})
+        return self
 
-    def _loop(self, slot: BackendSlot) -> None:
-        while not self._stopping.is_set():
-            started = self._monotonic()
-            ok = True
-            try:
-                self.read_once(slot, EVENT_WAIT_SECONDS)
-            except Exception:
-                log.exception("event reader for %s failed", slot.name)
-                ok = False
-                self._stopping.wait(EVENT_WAIT_SECONDS)
-            self._store.record_collector_run("xid_events", success=ok, duration_seconds=self._monotonic() - started)
+    def _runner(self, slot: BackendSlot) -> Callable[[], bool]:
+        return lambda: self._run(slot)
+
+    def _run(self, slot: BackendSlot) -> bool:
+        try:
+            self.read_once(slot, EVENT_WAIT_SECONDS)
+        except Exception:
+            log.exception("event reader for %s failed", slot.name)
+            self._stopping.wait(EVENT_WAIT_SECONDS)
+            return False
+        return True
+
+    def update(self) -> bool:
+        """Runs are its threads' (schedule); an update of its own reads nothing."""
+        return True
 
     def read_once(self, slot: BackendSlot, timeout_s: float) -> None:
         """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
@@ -80,3 +87,10 @@ class EventCollector:
         self._unmatched_xids = waiting[-MAX_UNMATCHED_XIDS:]
         self._store.add_sxids(reader.drain_sxids())
         return events
+
+
+def collectors(context: CollectorContext, name: str) -> list[EventCollector]:
+    collector = EventCollector(
+        context.store, context.sources.kernel_log, context.clock, context.monotonic, context.stopping
+    )
+    return [collector.watch(context.slots)]

@@ -7,8 +7,10 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
+from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.config import Config
 from gpuwatch.sources import BackendSlot
 from gpuwatch.store import SampleStore
@@ -16,6 +18,7 @@ from gpuwatch.store import SampleStore
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
 
 MAX_BACKOFF_SECONDS = 60.0
+POLL_JOB = Every("poll")  # the agent's poll job: the vendors in turn, then the known-GPU file and the watchdog
 
 
 class VendorCollectors:
@@ -35,20 +38,20 @@ class VendorCollectors:
         self._monotonic = monotonic
         self._stopping = stopping
 
+    def poll_interval_seconds(self) -> float:
+        return self._config().agent.poll_interval_seconds
+
     def active(self) -> list[BackendSlot]:
         disabled = self._config().agent.disable_collectors
         return [slot for slot in self.slots if slot.name not in disabled]
 
-    def poll_once(self) -> None:
-        """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
-        for slot in self.active():
-            started = self._monotonic()
-            try:
-                ok = self._poll_slot(slot)
-            except Exception:
-                log.exception("%s poll failed unexpectedly", slot.name)
-                ok = False
-            self._store.record_collector_run(slot.name, success=ok, duration_seconds=self._monotonic() - started)
+    def poll(self, slot: BackendSlot) -> bool:
+        """One poll of one backend (the registry times it); a failure is reported, never raised."""
+        try:
+            return self._poll_slot(slot)
+        except Exception:
+            log.exception("%s poll failed unexpectedly", slot.name)
+            return False
 
     def close(self) -> None:
         for slot in self.slots:
@@ -115,3 +118,28 @@ class VendorCollectors:
             slot.down_reported = True
         slot.next_attempt = now + slot.backoff
         slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
+
+
+@dataclass(slots=True)
+class VendorCollector:
+    """The `nvml` or `amdsmi` collector: one backend slot, polled on the agent's `poll` job."""
+
+    slot: BackendSlot
+    vendors: VendorCollectors
+    schedule: Every = POLL_JOB
+
+    @property
+    def name(self) -> str:
+        return self.slot.name
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.vendors.poll_interval_seconds()
+
+    def update(self) -> bool:
+        return self.vendors.poll(self.slot)
+
+
+def collectors(context: CollectorContext, name: str) -> list[VendorCollector]:
+    vendors = VendorCollectors(context.slots, context.store, context.config, context.monotonic, context.stopping)
+    return [VendorCollector(slot, vendors) for slot in context.slots if slot.name == name]

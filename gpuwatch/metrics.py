@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwatch.model import COLLECTORS
+from gpuwatch.registry import COLLECTORS
 
 __all__ = ["CATALOGUE", "COLLECTORS", "MetricSpec"]
 

@@ -7,13 +7,9 @@ which the exporter turns into a missing series — never into 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 Vendor = Literal["nvidia", "amd"]
-
-# The collectors `--disable-collector` names (docs/metrics.md); each records gpuwatch_collector_* meta-metrics.
-CollectorName = Literal["nvml", "amdsmi", "xid_events", "hwmon", "ipmi", "probe"]
-COLLECTORS: tuple[CollectorName, ...] = get_args(CollectorName)
 
 # The one vocabulary of throttle reasons (docs/metrics.md, "Throttling").
 THROTTLE_REASONS: tuple[str, ...] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -55,10 +56,8 @@ class SimAgent:
         sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
         self.slot = sources.slots[0]
         self.agent = Agent(loaded, sources, clock=self.clock.wall, monotonic=self.clock.mono)
-        self.agent.store.register_collector(self.slot.name, self.agent.config.agent.poll_interval_seconds)
-        self.agent.host.register()
-        if self.agent.probe is not None:
-            self.agent.store.register_collector("probe", self.agent.config.probe.interval_seconds)
+        self.agent.collectors.register(threads=False)  # xid_events: run() reads the events, no thread does
+        self._last_run: dict[str, float] = {}  # scheduler job -> when it last ran (simulated seconds)
         self._scraped: dict[tuple[str, frozenset[tuple[str, str]]], float] | None = None
 
     def run(self, seconds: float, step: float = 1.0) -> None:
@@ -66,16 +65,23 @@ class SimAgent:
         end = self.clock.elapsed + seconds
         while self.clock.elapsed < end:
             self.agent.poll_once()
-            self.agent.host.poll_due()
+            self._run_due_host_jobs()
             self.agent.read_events_once(self.slot, 0.0)
             self.clock.elapsed += step
         self.clock.elapsed -= step  # scrape right after the last poll
         self._scraped = None
 
+    def _run_due_host_jobs(self) -> None:
+        """The scheduler's part for hwmon and ipmi: every host job whose interval has passed on the test's clock."""
+        for job, (interval, _) in self.agent.collectors.jobs().items():
+            if job.startswith("host-") and self.clock.elapsed - self._last_run.get(job, -math.inf) >= interval:
+                self._last_run[job] = self.clock.elapsed
+                self.agent.collectors.run_job(job)
+
     def probe_round(self) -> None:
         """One scheduled probe round now (real worker children; the fake clock stands still meanwhile)."""
         assert self.agent.probe is not None, "the probe is off in this SimAgent"
-        self.agent.probe.run_scheduled()
+        self.agent.collectors.run_job("probe")
         self._scraped = None
 
     def text(self) -> str:

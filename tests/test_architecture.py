@@ -39,3 +39,19 @@ def test_the_import_contracts_are_kept() -> None:
         pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
     done = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_registered_collector_is_a_module_of_the_collectors_layer() -> None:
+    """gpuwatch/registry.py names each collector's module as a string: it must exist, build collectors, and sit in
+    the collectors layer (the service imports it, and it may import only what is below)."""
+    import importlib
+
+    from gpuwatch.registry import REGISTRY
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    layers = next(c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+    collectors_layer = [m.strip() for m in next(layer for layer in layers if "gpuwatch.collector " in layer).split(":")]
+    for registration in REGISTRY:
+        module = importlib.import_module(registration.module)
+        assert callable(getattr(module, "collectors", None)), registration
+        assert any(registration.module == m or registration.module.startswith(m + ".") for m in collectors_layer)

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from simnode import SimAgent
 
-from gpuwatch.config import load_config
-from gpuwatch.host.collectors import HostCollectors, build_host_sources
+from gpuwatch.collector import CollectorContext, Collectors
+from gpuwatch.config import Config, load_config
+from gpuwatch.host.collectors import build_host_sources
+from gpuwatch.sources import NodeSources
 from gpuwatch.store import SampleStore
 
 PSU1 = {"chip": "pmbus-i2c-7-58", "sensor": "vout1"}
@@ -77,15 +81,24 @@ def test_disabled_host_collectors_export_nothing(tmp_path: Path) -> None:
         sim.close()
 
 
+def registered_collectors(config: Config) -> tuple[Collectors, SampleStore]:
+    """The registry's collectors of a node with no GPU backend and the host sources of `config`, registered."""
+    store = SampleStore(poll_interval_seconds=1.0)
+    sources = NodeSources([], dict, None, host=build_host_sources(config))
+    context = CollectorContext(lambda: config, sources, store, [], time.time, time.monotonic, threading.Event())
+    collectors = Collectors.build(context)
+    collectors.register()
+    return collectors, store
+
+
 def test_a_machine_without_hwmon_or_bmc_succeeds_with_no_series(tmp_path: Path) -> None:
     overrides = {
         "agent": {"state_dir": str(tmp_path)},
         "host": {"sysfs_root": str(tmp_path / "empty-sys"), "ipmitool": str(tmp_path / "no-ipmitool")},
     }
-    store = SampleStore(poll_interval_seconds=1.0)
-    host = HostCollectors(build_host_sources(load_config(None, overrides)), store)
-    host.register()
-    host.poll_due()
+    collectors, store = registered_collectors(load_config(None, overrides))
+    collectors.run_job("host-hwmon")
+    collectors.run_job("host-ipmi")
     snap = store.snapshot()
     assert {name: snap.collectors[name].success for name in ("hwmon", "ipmi")} == {"hwmon": True, "ipmi": True}
     assert all(not (s.voltages or s.psus or s.temperatures or s.fans) for s in snap.host)
@@ -93,10 +106,8 @@ def test_a_machine_without_hwmon_or_bmc_succeeds_with_no_series(tmp_path: Path) 
 
 def test_a_required_bmc_that_is_missing_is_a_failing_collector(tmp_path: Path) -> None:
     overrides = {"agent": {"state_dir": str(tmp_path)}, "host": {"ipmi": "on", "ipmitool": str(tmp_path / "none")}}
-    store = SampleStore(poll_interval_seconds=1.0)
-    host = HostCollectors(build_host_sources(load_config(None, overrides)), store)
-    host.register()
-    assert host.poll("ipmi") is False
+    collectors, store = registered_collectors(load_config(None, overrides))
+    assert collectors.run_job("host-ipmi") is False
     assert store.snapshot().collectors["ipmi"].errors_total == 1
 
 

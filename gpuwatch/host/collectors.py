@@ -9,13 +9,13 @@ successful run with no series; only `host.ipmi = "on"` makes a missing BMC an er
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
 from gpuwatch.host.ipmi import IpmiError, IpmiReader
 from gpuwatch.host.sensormap import load_sensor_maps
@@ -45,7 +45,6 @@ class HostSource:
     interval_seconds: float
     usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)
     required: bool = False  # a run where the source is not usable is a failure, not an empty success
-    last_run: float = -math.inf
     reported: str = field(default="")
 
 
@@ -85,54 +84,25 @@ def build_host_sources(config: Config, *, clock: Callable[[], float] = time.time
     return sources
 
 
-class HostCollectors:
-    """Runs the host sources into the store, each timed and isolated like the GPU backends."""
+class HostCollector:
+    """The `hwmon` or `ipmi` collector: one host source on its own scheduler job, isolated like the GPU backends."""
 
-    def __init__(
-        self,
-        sources: Sequence[HostSource],
-        store: SampleStore,
-        *,
-        monotonic: Callable[[], float] = time.monotonic,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.sources = list(sources)
+    def __init__(self, source: HostSource, store: SampleStore, *, clock: Callable[[], float] = time.time) -> None:
+        self.source = source
         self._store = store
-        self._monotonic = monotonic
         self._clock = clock
+        self.schedule = Every(f"host-{source.name}")
 
-    def register(self) -> None:
-        for source in self.sources:
-            self._store.register_collector(source.name, source.interval_seconds)
+    @property
+    def name(self) -> str:
+        return self.source.name
 
-    def add_jobs(self, scheduler: Any) -> None:
-        """One APScheduler job per source (max one instance, coalesced), the first run at once."""
-        from datetime import datetime
+    @property
+    def interval_seconds(self) -> float:
+        return self.source.interval_seconds
 
-        for source in self.sources:
-            scheduler.add_job(
-                self.poll,
-                "interval",
-                args=(source.name,),
-                seconds=source.interval_seconds,
-                id=f"host-{source.name}",
-                next_run_time=datetime.now().astimezone(),
-            )
-
-    def poll_due(self) -> None:
-        """Run every source whose interval has passed (the in-process test agent drives time this way)."""
-        now = self._monotonic()
-        for source in self.sources:
-            if now - source.last_run >= source.interval_seconds:
-                self.poll(source.name)
-
-    def poll(self, name: str) -> bool:
-        source = next(s for s in self.sources if s.name == name)
-        started = self._monotonic()
-        source.last_run = started
-        ok = self._run(source)
-        self._store.record_collector_run(name, success=ok, duration_seconds=self._monotonic() - started)
-        return ok
+    def update(self) -> bool:
+        return self._run(self.source)
 
     def _run(self, source: HostSource) -> bool:
         try:
@@ -161,3 +131,7 @@ class HostCollectors:
         elif source.reported:
             log.info("%s reads again", source.name)
         source.reported = message
+
+
+def collectors(context: CollectorContext, name: str) -> list[HostCollector]:
+    return [HostCollector(s, context.store, clock=context.clock) for s in context.sources.host if s.name == name]

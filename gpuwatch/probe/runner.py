@@ -130,17 +130,6 @@ class ProbeRunner:
 
     # --- entry points ----------------------------------------------------------------------------------------
 
-    def run_scheduled(self) -> None:
-        """The agent's job: one round, timed and reported as the `probe` collector."""
-        started = time.monotonic()
-        ok = True
-        try:
-            self.run()
-        except Exception:
-            log.exception("probe round failed unexpectedly")
-            ok = False
-        self._store.record_collector_run("probe", success=ok, duration_seconds=time.monotonic() - started)
-
     def run(
         self,
         *,
@@ -639,9 +628,7 @@ def agent_probe_runner(
     clock: Callable[[], float] = time.time,
 ) -> ProbeRunner | None:
     """The agent's runner, or None when the probe is off (interval 0 or --disable-collector probe)."""
-    enabled = config.probe.interval_seconds > 0 and "probe" not in config.agent.disable_collectors
-    store.probe.configure(enabled=enabled, interval_seconds=config.probe.interval_seconds)
-    if not enabled:
+    if config.probe.interval_seconds <= 0 or "probe" in config.agent.disable_collectors:
         return None
     return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)
 

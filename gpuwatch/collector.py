@@ -1,0 +1,161 @@
+"""The Collector protocol and the registry's run side (node_exporter's execute()): build the registered collectors
+(`gpuwatch/registry.py`), register and schedule them, and time every run. `execute` is the one place that writes the
+meta-metrics gpuwatch_collector_success, _duration_seconds, _errors_total and _last_run_timestamp_seconds, and
+`Collectors.register` the one place that writes gpuwatch_collector_interval_seconds.
+
+A collector's `update` is one run: True when it succeeded. It handles (and logs, in its own words) what it expects to
+fail; `execute` catches the rest, so one collector failing never stops another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpuwatch.registry import REGISTRY
+
+if TYPE_CHECKING:
+    from gpuwatch.config import Config
+    from gpuwatch.sources import BackendSlot, NodeSources
+    from gpuwatch.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """A scheduler job (one instance at a time, missed runs coalesced) every `interval_seconds` of its collector.
+    Collectors that name the same job run one after another in it (the vendors share the agent's `poll`)."""
+
+    job: str
+    first_run_now: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Threads:
+    """The collector's own threads: each (thread name -> one run) runs back to back until the agent stops."""
+
+    runs: Mapping[str, Callable[[], bool]]
+
+
+class Collector(Protocol):
+    @property
+    def name(self) -> str: ...  # its registration's name: the `collector` label
+
+    @property
+    def interval_seconds(self) -> float: ...  # gpuwatch_collector_interval_seconds; an Every job's interval
+
+    @property
+    def schedule(self) -> Every | Threads: ...
+
+    def update(self) -> bool: ...  # one run (an Every job's)
+
+
+@dataclass(slots=True)
+class CollectorContext:
+    """What a collector is built from."""
+
+    config: Callable[[], Config]  # asked at each use: a reload changes it
+    sources: NodeSources
+    store: SampleStore
+    slots: list[BackendSlot]  # the vendor backends not disabled
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    stopping: threading.Event
+
+
+def execute(store: SampleStore, name: str, run: Callable[[], bool], monotonic: Callable[[], float]) -> bool:
+    """One run of a collector, timed into its meta-metrics."""
+    started = monotonic()
+    try:
+        ok = run()
+    except Exception:
+        log.exception("collector %s failed unexpectedly", name)
+        ok = False
+    store.record_collector_run(name, success=ok, duration_seconds=monotonic() - started)
+    return ok
+
+
+@dataclass(slots=True)
+class Collectors:
+    """The enabled registered collectors of one agent, in registry order."""
+
+    context: CollectorContext
+    all: list[Collector] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, context: CollectorContext) -> Collectors:
+        disabled = context.config().agent.disable_collectors
+        built: list[Collector] = []
+        for registration in REGISTRY:
+            if registration.name not in disabled:
+                built.extend(importlib.import_module(registration.module).collectors(context, registration.name))
+        return cls(context, built)
+
+    def __iter__(self) -> Iterator[Collector]:
+        return iter(self.all)
+
+    def named(self, name: str) -> list[Collector]:
+        return [c for c in self.all if c.name == name]
+
+    def of_type(self, kind: type[Any]) -> Any | None:
+        return next((c for c in self.all if isinstance(c, kind)), None)
+
+    def register(self, *, threads: bool = True) -> None:
+        """Every collector's gpuwatch_collector_interval_seconds; `threads=False` leaves out those on their own
+        threads (an in-process test agent that runs their reads itself)."""
+        for collector in self.all:
+            if threads or not isinstance(collector.schedule, Threads):
+                self.context.store.register_collector(collector.name, collector.interval_seconds)
+
+    def execute(self, collector: Collector, run: Callable[[], bool] | None = None) -> bool:
+        return execute(self.context.store, collector.name, run or collector.update, self.context.monotonic)
+
+    def run_job(self, job: str) -> bool:
+        """One run of every collector on the scheduler job `job`, one after another; True when all succeeded."""
+        ok = True
+        for collector in self.all:
+            if isinstance(collector.schedule, Every) and collector.schedule.job == job:
+                ok = self.execute(collector) and ok
+        return ok
+
+    def jobs(self) -> dict[str, tuple[float, bool]]:
+        """job id -> (interval, first run at once), for the scheduler; a shared job takes its first collector's."""
+        out: dict[str, tuple[float, bool]] = {}
+        for collector in self.all:
+            if isinstance(collector.schedule, Every):
+                out.setdefault(collector.schedule.job, (collector.interval_seconds, collector.schedule.first_run_now))
+        return out
+
+    def add_jobs(self, scheduler: Any, *, except_jobs: tuple[str, ...] = ()) -> None:
+        for job, (seconds, now) in self.jobs().items():
+            if job not in except_jobs:
+                first = datetime.now().astimezone() if now else None
+                kwargs = {"next_run_time": first} if first is not None else {}
+                scheduler.add_job(self.run_job, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
+
+    def start_threads(self) -> None:
+        for collector in self.all:
+            if isinstance(collector.schedule, Threads):
+                for thread_name, run in collector.schedule.runs.items():
+                    thread = threading.Thread(target=self._loop, args=(collector, run), name=thread_name, daemon=True)
+                    thread.start()
+                    self.threads.append(thread)
+
+    def _loop(self, collector: Collector, run: Callable[[], bool]) -> None:
+        while not self.context.stopping.is_set():
+            self.execute(collector, run)
+
+    def join_threads(self, timeout_s: float) -> list[str]:
+        """Wait (bounded) for the collectors' own threads after stop is set; the names of those still running."""
+        deadline = time.monotonic() + timeout_s  # real time: a test's clock may stand still
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self.threads if t.is_alive()]

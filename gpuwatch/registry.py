@@ -1,0 +1,33 @@
+"""The one registry of collectors (node_exporter's registerCollector): a collector is one file in the collectors
+layer plus one line here.
+
+A registration names the collector — the `collector` label of `gpuwatch_collector_*`, the `--disable-collector`
+choice, the names the config's `agent.disable_collectors` accepts and the list in docs/metrics.md — and the module
+that builds it. That module defines ``collectors(context, name) -> list[Collector]`` (the protocol, the schedules and
+the one place every run is timed into the meta-metrics are in `gpuwatch/collector.py`). The module is named, not
+imported, here: this table sits below the configuration, and the service imports a collector only when it builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["COLLECTORS", "REGISTRY", "Registration"]
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    name: str
+    module: str  # defines collectors(context: CollectorContext, name: str) -> list[Collector]
+
+
+REGISTRY: tuple[Registration, ...] = (
+    Registration("nvml", "gpuwatch.gpu_collector"),
+    Registration("amdsmi", "gpuwatch.gpu_collector"),
+    Registration("xid_events", "gpuwatch.events"),
+    Registration("hwmon", "gpuwatch.host.collectors"),
+    Registration("ipmi", "gpuwatch.host.collectors"),
+    Registration("probe", "gpuwatch.probe.collector"),
+)
+
+COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)
