@@ -1,8 +1,11 @@
 """The agent's own status page at `/`: what someone standing at one node wants to see, without Grafana.
 
-Plain HTML, no JavaScript: one row per GPU with its readings against its own limits, and health flags that say what
-is wrong and why (hot, throttling, power-capped, slow probe, memory errors, lost). It refreshes itself every 10 s.
-Columns are a table of (header, cell) pairs, so adding one (e.g. the last probe) is one entry in ``COLUMNS``.
+Plain HTML, no JavaScript. The node's own problems first (a vendor library down, GPUs missing against the expected
+count, power cables, host rails and supplies), then one row per GPU with its readings against its own limits and a
+finding per condition an alert rule pages on — with the same thresholds (gpuwatch.thresholds, gpuwatch.verdict), a
+"what to do" line and a link to the alert's runbook — then the host's rails and supplies against their limits, and
+the probe's state. It refreshes itself every 10 s. Columns are a table of (header, cell) pairs, so adding one is one
+entry in ``COLUMNS``.
 """
 
 from __future__ import annotations
@@ -16,36 +19,45 @@ from dataclasses import dataclass
 
 from gpuwatch import __version__
 from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.probe.baseline import PROBES_TO_ESTABLISH
 from gpuwatch.store import StoreSnapshot
+from gpuwatch.thresholds import threshold
+from gpuwatch.verdict import (
+    BENIGN_REASONS,
+    LEVELS,
+    Finding,
+    judge_gpu,
+    judge_host,
+    judge_rail,
+    judge_unusable,
+    judge_xids,
+    rail_limit,
+    reference_limit,
+)
 
-# Reasons that are normal and say nothing about health (an idle GPU, a GPU at its power cap under load).
-BENIGN_REASONS = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks", "display_clock", "sync_boost"})
-HOT_MARGIN_CELSIUS = 5.0  # "hot" this close to the slowdown threshold (the GpuTemperatureHigh rule's margin)
-POWER_CAPPED_RATIO = 0.95  # the GpuPowerLimitBelowDefault rule's threshold
-SLOW_PROBE_RATIO = 0.90  # the GpuUnderperforming rule's threshold
-PROBE_FRESH_INTERVALS = 2  # a probe result older than this many probe intervals judges nothing (the rules' freshness)
+# The thresholds are the alert rules' (gpuwatch.thresholds, checked against gpuwatch-rules.yml by the tests).
+HOT_MARGIN_CELSIUS = threshold("core_temperature_margin_celsius")
+POWER_CAPPED_RATIO = threshold("power_limit_ratio")
+SLOW_PROBE_RATIO = threshold("probe_baseline_ratio")  # GpuUnderperforming
+FLEET_PROBE_RATIO = threshold("probe_fleet_ratio")  # GpuSlowerThanFleet, here against the node's GPUs of a model
+PEER_MIN_GPUS = int(threshold("probe_fleet_min_gpus"))
+PROBE_FRESH_INTERVALS = threshold("probe_fresh_intervals")
 REFRESH_SECONDS = 10
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:90em}
-h1{font-size:1.4em;margin:0 0 .2em}p{margin:.3em 0}
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:95em}
+h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:1.2em 0 .2em}p{margin:.3em 0}
 table{border-collapse:collapse;margin-top:.8em}td,th{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:right;
 vertical-align:top}th{background:#f4f4f4;font-weight:600}td.l,th.l{text-align:left}
-th,td{white-space:nowrap}td.health{white-space:normal;min-width:13em}td.wrap{white-space:normal;min-width:8em}
+th,td{white-space:nowrap}td.health{white-space:normal;min-width:22em;max-width:40em}td.wrap{white-space:normal;min-width:8em}
 small{color:#666;font-weight:normal}tr.row-bad td{background:#fdecee}tr.row-warn td{background:#fff6e0}
 .uuid{font-family:ui-monospace,monospace;font-size:.75em;color:#666}
 .flag{display:inline-block;margin:0 .3em .2em 0;padding:.05em .45em;border-radius:.3em}
 .bad{background:#b00020;color:#fff}.warn{background:#e08600;color:#fff}.ok{background:#1b5e20;color:#fff}
-.muted{color:#888}.summary{font-size:1.1em;margin:.6em 0}
+.info{background:#ddd;color:#333}.todo{display:block;font-size:.85em;color:#444;margin:0 0 .4em .2em}
+.muted{color:#888}.summary{font-size:1.1em;margin:.6em 0}ul.findings{margin:.3em 0;padding-left:1.2em}
+ul.findings li{margin:.2em 0}
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One health finding: its severity (bad, warn) and the words a person reads."""
-
-    level: str
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,57 +71,126 @@ class GpuView:
     snap: StoreSnapshot
 
 
-def health_flags(view: GpuView) -> list[Flag]:
-    """What is wrong with this GPU, worst first; empty when healthy."""
+def health_flags(view: GpuView) -> list[Finding]:
+    """What is wrong with this GPU, worst first (info findings last); empty when healthy and without recent XIDs."""
     s = view.sample
+    xids = judge_xids(
+        ((code, c.total, c.last_timestamp) for (uuid, code), c in view.snap.xids.items() if uuid == view.identity.uuid),
+        view.snap.now,
+    )
     if s is None:
-        return [Flag("bad", f"lost: {view.error}")]
-    flags: list[Flag] = []
-    core = s.temperature_celsius.get("core")
-    slowdown = s.temperature_threshold_celsius.get(("core", "slowdown"))
-    if core is not None and slowdown is not None and core >= slowdown - HOT_MARGIN_CELSIUS:
-        level = "bad" if core >= slowdown else "warn"
-        flags.append(Flag(level, f"hot: {core:.0f} °C, slowdown at {slowdown:.0f} °C"))
-    memory = s.temperature_celsius.get("memory")
-    memory_max = s.temperature_threshold_celsius.get(("memory", "max_operating"))
-    if memory is not None and memory_max is not None and memory >= memory_max - HOT_MARGIN_CELSIUS:
-        flags.append(
-            Flag("bad" if memory >= memory_max else "warn", f"memory hot: {memory:.0f} °C, limit {memory_max:.0f} °C")
+        lost = Finding(
+            "bad",
+            "GpuLost",
+            f"lost: {view.error}",
+            "drain the node and reset the GPU or reboot; reseat or replace it if it does not come back",
         )
-    throttling = sorted(r for r, active in s.throttle_active.items() if active and r not in BENIGN_REASONS)
-    if throttling:
-        flags.append(Flag("bad", "throttling: " + ", ".join(r.replace("_", " ") for r in throttling)))
-    enforced = s.power_limit_watts.get("enforced")
-    reference, which = _reference_limit(s, view.configured_limit_watts)
-    if enforced is not None and reference is not None and enforced < POWER_CAPPED_RATIO * reference:
-        flags.append(Flag("warn", f"power-capped: limit {enforced:.0f} W, {which} {reference:.0f} W"))
-    if s.power_supply_undersized:
-        flags.append(Flag("bad", "power supply undersized"))
+        return [lost, *xids]
+    flags = [*judge_gpu(view.identity, s, view.configured_limit_watts), *xids, *_probe_flags(view)]
+    return sorted(flags, key=lambda f: LEVELS.index(f.level))
+
+
+def _probe_flags(view: GpuView) -> list[Finding]:
+    out = []
     fresh = _probe_fresh(view, view.identity.uuid)
     ratio = _probe_ratio(view) if fresh else None
     peers = _peer_ratio(view) if fresh else None
+    slow_probes = threshold("probe_slow_probes")
     if ratio is not None and ratio < SLOW_PROBE_RATIO:
-        flags.append(Flag("warn", f"slow probe: {ratio:.0%} of its baseline"))
-    elif peers is not None and peers < SLOW_PROBE_RATIO:
-        flags.append(Flag("warn", f"slow probe: {peers:.0%} of the median of this node's {view.identity.model}s"))
-    # A lifetime count: it never goes down, so it is a warning to look at, not a red flag forever (the
-    # GpuEccUncorrectable alert judges its growth).
-    uncorrectable = (s.ecc_errors_total.get("uncorrected") or 0) + (s.ecc_errors_total.get("deferred") or 0)
-    if uncorrectable:
-        flags.append(Flag("warn", f"{uncorrectable:.0f} uncorrectable ECC errors (lifetime count)"))
-    if s.row_remap_failed:
-        flags.append(Flag("bad", "row remap failed"))
-    elif s.row_remap_pending:
-        flags.append(Flag("warn", "row remap pending: reset the GPU"))
-    if s.recovery_action:
-        flags.append(Flag("bad", f"driver asks for recovery action {s.recovery_action}"))
-    return flags
+        out.append(
+            Finding(
+                "warn",
+                "GpuUnderperforming",
+                f"slow probe: {ratio:.0%} of its baseline (below {SLOW_PROBE_RATIO:.0%}; alerts at {slow_probes:.0f} "
+                "slow probes in a row)",
+                "drain the GPU and compare with nvidia-smi -q -d PERFORMANCE; reset it, replace it if it stays slow",
+            )
+        )
+    elif peers is not None and peers < FLEET_PROBE_RATIO:
+        out.append(
+            Finding(
+                "warn",
+                "GpuSlowerThanFleet",
+                f"slow probe: {peers:.0%} of the median of this node's {view.identity.model}s "
+                f"(below {FLEET_PROBE_RATIO:.0%})",
+                "drain the GPU and compare its clocks and power with its peers; reset it, replace it if it stays slow",
+            )
+        )
+    last = view.snap.probe.last_any.get(view.identity.uuid)
+    if last is not None and last.result in ("failed", "timeout"):
+        out.append(
+            Finding(
+                "warn",
+                "GpuProbeFailing",
+                f"probe {last.result.replace('_', ' ')}: {last.reason or 'no reason given'}",
+                "read the agent's log for the probe's error; run gpuwatch probe --gpu N on the node",
+            )
+        )
+    return out
 
 
-def _reference_limit(s: GpuSample, configured: float | None) -> tuple[float | None, str]:
-    if configured is not None:
-        return configured, "configured"
-    return s.power_limit_watts.get("default"), "default"
+def node_findings(snap: StoreSnapshot) -> list[Finding]:
+    """What is wrong with the node rather than one GPU: a vendor library down, GPUs missing against the expected
+    count, GPUs the library counts but cannot open, host rails and supplies, collectors failing."""
+    out: list[Finding] = []
+    vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
+    down = {vendor_of.get(b, b): (b, msg) for b, (up, msg) in snap.backends.items() if not up}
+    for vendor, (backend, message) in sorted(down.items()):
+        expected = snap.gpus_expected.get(vendor, 0)
+        if expected:
+            out.append(
+                Finding(
+                    "bad",
+                    "GpuBackendDown",
+                    f"the {backend} library is down ({message}): none of the {expected} expected {vendor.upper()} "
+                    "GPUs can be read",
+                    "check the driver: nvidia-smi / amd-smi, dmesg; reinstall or reload the driver (the agent retries)",
+                )
+            )
+    detected = len({_physical(i) for uuid, i in snap.identities.items() if snap.fresh(uuid) is not None})
+    detected += len(snap.unusable)
+    expected_total = sum(snap.gpus_expected.values())
+    if detected < expected_total and not down:
+        out.append(
+            Finding(
+                "bad",
+                "GpuCountBelowExpected",
+                f"{detected} of {expected_total} expected GPUs detected",
+                "lspci | grep -i -e nvidia -e amd; dmesg for XID 79 or PCIe errors; reseat or replace the missing GPU",
+            )
+        )
+    out += [judge_unusable(gpu) for gpu in snap.unusable]
+    out += judge_host(snap.host)
+    for name, status in sorted(snap.collectors.items()):
+        if name in snap.backends and not snap.backends[name][0]:
+            continue  # GpuBackendDown's
+        if status.success is False:
+            out.append(
+                Finding(
+                    "warn",
+                    "GpuwatchCollectorFailing",
+                    f"collector {name}: its last run failed",
+                    "read the agent's log (journalctl -u gpuwatch) for the collector's error",
+                )
+            )
+    return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def gpu_health(snap: StoreSnapshot) -> tuple[bool, str]:
+    """/health/gpus: ok while every expected GPU is present and nothing the alert rules page on (critical or
+    warning) shows; otherwise a line per problem."""
+    problems = [f"node: {f.text}" for f in node_findings(snap) if f.attention]
+    for view in _views(snap):
+        problems += [f"GPU {view.identity.index}: {f.text}" for f in health_flags(view) if f.attention]
+    if not problems:
+        gpus = len(snap.identities)
+        return True, f"ok: {gpus} GPU{'s' if gpus != 1 else ''} healthy"
+    return False, "\n".join(problems)
+
+
+def _physical(identity: GpuIdentity) -> str:
+    """One per PCI device (AMD compute partitions share their GPU's device), as gpuwatch_gpus_detected counts."""
+    return identity.pci_bus_id.lower().rpartition(".")[0] or identity.uuid
 
 
 def _probe_fresh(view: GpuView, uuid: str) -> bool:
@@ -137,7 +218,7 @@ def _peer_ratio(view: GpuView) -> float | None:
         and ident.model == view.identity.model
         and _probe_fresh(view, uuid)
     ]
-    if len(peers) < 3:
+    if len(peers) < PEER_MIN_GPUS:
         return None
     return mine.measured.flops_median / statistics.median(peers)
 
@@ -158,11 +239,20 @@ def _gpu_cell(v: GpuView) -> str:
     )
 
 
+def _finding_html(f: Finding) -> str:
+    todo = ""
+    if f.attention:
+        todo = (
+            f'<span class="todo">what to do: {html.escape(f.remedy)} · '
+            f'<a href="{html.escape(f.runbook)}">runbook: {html.escape(f.alert)}</a></span>'
+        )
+    return f'<span class="flag {f.level}">{html.escape(f.text)}</span>{todo}'
+
+
 def _health_cell(v: GpuView) -> str:
     flags = health_flags(v)
-    if not flags:
-        return '<span class="flag ok">ok</span>'
-    return "".join(f'<span class="flag {f.level}">{html.escape(f.text)}</span>' for f in flags)
+    ok = "" if any(f.attention for f in flags) else '<span class="flag ok">ok</span>'
+    return ok + "".join(_finding_html(f) for f in flags)
 
 
 def _temperature_against(v: GpuView, sensor: str, threshold: str) -> str:
@@ -184,7 +274,7 @@ def _memory_temp_cell(v: GpuView) -> str:
 def _power_cell(v: GpuView) -> str:
     s = v.sample
     assert s is not None
-    reference, which = _reference_limit(s, v.configured_limit_watts)
+    reference, which = reference_limit(s, v.configured_limit_watts)
     return (
         f"{_num(s.power_watts)} <small>/ {_num(s.power_limit_watts.get('enforced'))}</small><br>"
         f"<small>{which} {_num(reference)}</small>"
@@ -238,6 +328,16 @@ def _probe_cell(v: GpuView) -> str:
     return f"{tflops}{share}<br>{ago}"
 
 
+def _pcie_cell(v: GpuView) -> str:
+    s = v.sample
+    assert s is not None
+    gen, width = s.pcie_link_generation, s.pcie_link_width
+    if not gen and not width:
+        return '<span class="muted">–</span>'
+    now = f"gen {gen.get('current', '–')} x{width.get('current', '–')}"
+    return f"{now} <small>/ gen {gen.get('max', '–')} x{width.get('max', '–')}</small>"
+
+
 def _ago(seconds: float) -> str:
     if seconds < 120:
         return f"{max(seconds, 0):.0f} s"
@@ -254,13 +354,14 @@ COLUMNS: tuple[tuple[str, str, Cell, bool], ...] = (
     ("Power W", "now / limit", _power_cell, False),
     ("SM clock MHz", "now / max", _clock_cell, False),
     ("Utilization", "memory used", _util_cell, False),
+    ("PCIe link", "now / max", _pcie_cell, False),
     ("Throttle reasons", "grey = normal", _throttle_cell, True),
     ("Last probe", "throughput", _probe_cell, True),
 )
 
 
-def render_status_page(snap: StoreSnapshot) -> str:
-    views = [
+def _views(snap: StoreSnapshot) -> list[GpuView]:
+    return [
         GpuView(
             i,
             snap.fresh(i.uuid),
@@ -270,12 +371,87 @@ def render_status_page(snap: StoreSnapshot) -> str:
         )
         for i in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid))
     ]
+
+
+def _node_section(findings: list[Finding]) -> str:
+    if not findings:
+        return ""
+    items = "".join(f"<li>{_finding_html(f)}</li>" for f in findings)
+    return f'<h2>Node</h2><ul class="findings" id="node">{items}</ul>'
+
+
+def _host_section(snap: StoreSnapshot) -> str:
+    """Rails against their limits (the HostPsuRailUndervoltage limit), supplies, redundancy."""
+    rails = [v for s in snap.host for v in s.voltages]
+    psus = [p for s in snap.host for p in s.psus]
+    power = {w.psu: w.watts for s in snap.host for w in s.psu_power}
+    if not (rails or psus):
+        collectors = [n for n in ("hwmon", "ipmi") if n in snap.collectors]
+        why = "no rails or supplies read yet" if collectors else "no host sensors (no hwmon rails, no BMC)"
+        return f'<h2>Host power</h2><p class="muted" id="host">{why}</p>'
+    rows = []
+    for v in rails:
+        bad = judge_rail(v)
+        limit = rail_limit(v)
+        state = '<span class="flag bad">below limit</span>' if bad else '<span class="flag ok">ok</span>'
+        rows.append(
+            f'<tr class="{"row-bad" if bad else ""}"><td class="l">{html.escape(v.sensor)} '
+            f"<small>{html.escape(v.chip)}</small></td><td>{v.volts:.2f} V <small>/ ≥ {_volts(limit)}</small></td>"
+            f'<td>{_volts(v.nominal_volts)}</td><td class="l">{state}</td></tr>'
+        )
+    for p in psus:
+        watts = power.get(p.psu)
+        load = "" if watts is None else f"{watts:.0f} W"
+        state = '<span class="flag ok">up</span>' if p.up else '<span class="flag bad">failed</span>'
+        rows.append(
+            f'<tr class="{"" if p.up else "row-bad"}"><td class="l">power supply {html.escape(p.psu)} '
+            f'<small>{html.escape(p.states)}</small></td><td>{load}</td><td></td><td class="l">{state}</td></tr>'
+        )
+    verdicts = [s.psu_redundancy_lost for s in snap.host if s.psu_redundancy_lost is not None]
+    if verdicts:
+        lost = any(verdicts)
+        state = '<span class="flag warn">lost</span>' if lost else '<span class="flag ok">ok</span>'
+        rows.append(f'<tr><td class="l">power-supply redundancy</td><td></td><td></td><td class="l">{state}</td></tr>')
+    return (
+        '<h2>Host power</h2><table id="host"><tr><th class="l">rail / supply</th><th>now / limit</th>'
+        f'<th>nominal</th><th class="l">state</th></tr>{"".join(rows)}</table>'
+    )
+
+
+def _probe_line(snap: StoreSnapshot) -> str:
+    probe = snap.probe
+    if not probe.enabled:
+        return "Probe: off (probe.interval_seconds = 0)."
+    interval = probe.interval_seconds
+    results = len(probe.last_any)
+    baselines = len(probe.baselines)
+    if results == 0:
+        return (
+            f"Probe: every {interval:g} s on idle GPUs; no result yet (the first round runs about one interval after "
+            f"start). A GPU's baseline needs {PROBES_TO_ESTABLISH} steady probes, about "
+            f"{_ago(PROBES_TO_ESTABLISH * interval)}; the page compares with its peers before that."
+        )
+    return (
+        f"Probe: every {interval:g} s on idle GPUs; {results} GPUs probed, {baselines} with a baseline "
+        f"({PROBES_TO_ESTABLISH} steady probes each, about {_ago(PROBES_TO_ESTABLISH * interval)})."
+    )
+
+
+def render_status_page(snap: StoreSnapshot) -> str:
+    views = _views(snap)
+    node = node_findings(snap)
     rows = []
     attention = 0
     for v in views:
         flags = health_flags(v)
-        level = "row-bad" if any(f.level == "bad" for f in flags) else "row-warn" if flags else ""
-        attention += bool(flags)
+        level = (
+            "row-bad"
+            if any(f.level == "bad" for f in flags)
+            else "row-warn"
+            if any(f.level == "warn" for f in flags)
+            else ""
+        )
+        attention += any(f.attention for f in flags)
         cells = [f'<td class="l">{_gpu_cell(v)}</td>', f'<td class="l health">{_health_cell(v)}</td>']
         if v.sample is None:
             cells.append(f'<td class="l muted" colspan="{len(COLUMNS)}">no readings</td>')
@@ -291,29 +467,46 @@ def render_status_page(snap: StoreSnapshot) -> str:
         f"{'up' if up else 'down: ' + html.escape(msg)}</span>"
         for b, (up, msg) in sorted(snap.backends.items())
     )
+    expected = sum(snap.gpus_expected.values())
+    node_bad = [f for f in node if f.attention]
+    parts = []
+    if node_bad:
+        parts.append(f"<b>{len(node_bad)} node problem{'s' if len(node_bad) > 1 else ''}</b> (below)")
     if not views:
-        summary = "No GPUs found yet."
+        parts.append(f"<b>no GPU seen</b> of {expected} expected" if expected else "No GPUs found yet")
     elif attention:
-        summary = f"<b>{attention} of {len(views)} GPUs need attention</b> (highlighted below)."
+        parts.append(f"<b>{attention} of {len(views)} GPUs need attention</b> (highlighted below)")
+    elif not node_bad:
+        parts.append(f"All {len(views)} GPUs healthy")
     else:
-        summary = f"All {len(views)} GPUs healthy."
+        parts.append(f"all {len(views)} GPUs seen are healthy")
+    summary = "; ".join(parts) + "."
     host = html.escape(socket.gethostname())
     read_at = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(snap.now))
+    table = ""
+    if views:
+        table = f'<table><tr><th class="l">GPU</th><th class="l">Health</th>{headers}</tr>{"".join(rows)}</table>'
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="{REFRESH_SECONDS}"><title>gpuwatch · {host}</title>
 <style>{_STYLE}</style></head><body>
 <h1>gpuwatch on {host}</h1>
-<p class="summary">{summary}</p>
+<p class="summary" id="summary">{summary}</p>
 <p>Read {read_at}, refreshes every {REFRESH_SECONDS} s · backends: {backends or "none"} ·
-<a href="/metrics">/metrics</a> (Prometheus) · <a href="/healthz">/healthz</a> · gpuwatch {html.escape(__version__)}</p>
-<table><tr><th class="l">GPU</th><th class="l">Health</th>{headers}</tr>
-{"".join(rows)}
-</table>
-<p><small>hot: within {HOT_MARGIN_CELSIUS:.0f} °C of the GPU's own slowdown threshold · power-capped: enforced limit
-below {POWER_CAPPED_RATIO:.0%} of the configured (else default) limit · slow probe: below {SLOW_PROBE_RATIO:.0%} of the
-GPU's own baseline or of the median of the node's GPUs of its model, judged only on a probe younger than
-{PROBE_FRESH_INTERVALS} probe intervals · uncorrectable ECC errors: a lifetime count · normal throttle reasons
-(idle, power cap under load) are grey.</small></p>
+<a href="/metrics">/metrics</a> (Prometheus) · <a href="/healthz">/healthz</a> · <a href="/health/gpus">/health/gpus</a>
+· gpuwatch {html.escape(__version__)}</p>
+{_node_section(node)}
+<h2>GPUs</h2>
+{table}
+{_host_section(snap)}
+<p id="probe">{html.escape(_probe_line(snap))}</p>
+<p><small>Each finding is the condition of the alert it links, with the rules' thresholds: overheating at the GPU's own
+slowdown threshold, runs hot within {HOT_MARGIN_CELSIUS:.0f} °C of it · power-capped: enforced limit below
+{POWER_CAPPED_RATIO:.0%} of the configured (else default) limit · slow probe: below {SLOW_PROBE_RATIO:.0%} of the GPU's
+own baseline or {FLEET_PROBE_RATIO:.0%} of the median of the node's GPUs of its model, judged only on a probe younger
+than {PROBE_FRESH_INTERVALS:.0f} probe intervals · XIDs for {threshold("xid_window_seconds") / 60:.0f} min after they
+happen (application XIDs grey: no alert) · PCIe downtraining judged while busier than
+{threshold("pcie_busy_utilization_ratio"):.0%} · uncorrectable ECC errors: a lifetime count · an alert fires once its
+condition has held for the rule's duration · normal throttle reasons (idle, power cap under load) are grey.</small></p>
 </body></html>"""
 
 
@@ -323,3 +516,7 @@ def _mhz(hertz: float | None) -> float | None:
 
 def _num(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f}"
+
+
+def _volts(value: float | None) -> str:
+    return "–" if value is None else f"{abs(value):.2f} V"

@@ -1,4 +1,10 @@
-"""The agent's HTTP server: /metrics, /healthz and a plain status page, one thread per request.
+"""The agent's HTTP server: /metrics, /healthz, /health/gpus and a plain status page, one thread per request.
+
+/healthz is the agent's liveness (systemd watchdog, Kubernetes livenessProbe): 503 only when the agent itself is
+stuck (its first poll not finished, a poll loop hung in a vendor call), never for the hardware's faults, which a
+restart does not mend. /health/gpus is the node's GPU health for a load balancer or a scheduler's node check: 503
+with one line per problem while a GPU is lost or missing, a vendor library is down, or any condition an alert rule
+pages on shows (docs/configuration.md, "Health endpoints").
 
 A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
 What a client can hold before it is answered — connections, threads, time, header bytes — is bounded by
@@ -179,6 +185,7 @@ def make_app(
     health: HealthCheck,
     status_page: StatusPage,
     metrics_app: Callable[..., Any] | None = None,  # the agent's: gpuwatch.exposition_cache
+    gpu_health: HealthCheck | None = None,  # /health/gpus
 ) -> Callable[..., Any]:
     metrics_app = metrics_app or make_wsgi_app(registry)
 
@@ -192,9 +199,12 @@ def make_app(
         if path == "/healthz":
             ok, reason = health()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
+        if path == "/health/gpus" and gpu_health is not None:
+            ok, reason = gpu_health()
+            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
         if path in ("/", "/index.html"):
             return _reply(start_response, "200 OK", status_page().encode(), content_type="text/html; charset=utf-8")
-        return _reply(start_response, "404 Not Found", b"not found; try /metrics, /healthz or /\n")
+        return _reply(start_response, "404 Not Found", b"not found; try /metrics, /healthz, /health/gpus or /\n")
 
     return app
 

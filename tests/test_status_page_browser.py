@@ -1,9 +1,11 @@
-"""The agent's landing page, rendered by headless Chromium from a real `gpuwatch run` over the simulated `mixed` node:
-the overheating GPU 2 and the power-capped GPU 5 are flagged with their reasons, the healthy GPUs read ok, and the
-page links to /metrics. The screenshot is kept in the test's tmp dir for a person to look at."""
+"""The agent's landing page, rendered by one headless Chromium (tests/cdp.py: one browser process, a tab per page)
+from real `gpuwatch run` agents, one per simulated scenario: every fault scenario's page names the fault, the GPU (or
+the node) and what to do, linking the runbook of the alert whose condition it is; the healthy ones read healthy.
+Screenshots are kept in pytest's tmp dir (printed with -s) for a person to look at, never committed."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -17,45 +19,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cdp import Browser, save
 from conftest import free_port
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-class Rows(HTMLParser):
-    """Collects each GPU row's class and text (rows carry id="gpu-N"), and the page's links."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: dict[int, tuple[str, str]] = {}
-        self.links: list[str] = []
-        self._current: int | None = None
-        self._text: list[str] = []
-        self._cls = ""
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if tag == "tr" and (a.get("id") or "").startswith("gpu-"):
-            self._current, self._cls, self._text = int((a["id"] or "")[4:]), a.get("class") or "", []
-        if tag == "a" and a.get("href"):
-            self.links.append(a["href"] or "")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "tr" and self._current is not None:
-            self.rows[self._current] = (self._cls, " ".join(self._text))
-            self._current = None
-
-    def handle_data(self, data: str) -> None:
-        if self._current is not None and data.strip():
-            self._text.append(data.strip())
 
 
 def _chromium() -> str:
@@ -67,13 +32,13 @@ def _chromium() -> str:
     return path
 
 
-def _agent(tmp: Path, scenario: str) -> tuple[subprocess.Popen[bytes], str]:
+def _agent(tmp: Path, scenario: str, probe_interval: float = 5) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "gpuwatch", "run", "--backend", "simulated", "--scenario", scenario),
-            *("--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp / f"state-{scenario}"), "--poll-interval", "1"),
-            *("--probe-interval", "5"),
+            *("--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp / f"state-{scenario}"), "--poll-interval", "2"),
+            *("--probe-interval", str(probe_interval)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -106,77 +71,145 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-@pytest.fixture
-def mixed_node(tmp_path: Path) -> Iterator[str]:
-    proc, url = _agent(tmp_path, "mixed")
+# What each scenario's page must say: (GPU row or "node", the finding's words, the alert whose runbook it links).
+EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
+    "mixed": [
+        (2, "overheating: ", "GpuOverheating"),
+        (5, "power-capped: limit 500 W, default 700 W", "GpuPowerLimitBelowDefault"),
+        (6, "% of its baseline", "GpuUnderperforming"),  # slow once its baseline is learnt (5 probes)
+    ],
+    "overheating": [(2, "overheating: ", "GpuOverheating")],
+    "memory_overheating": [(2, "memory hot: ", "GpuMemoryTemperatureHigh")],
+    "thermal_throttling": [(2, "thermal throttling", "GpuThermalThrottling")],
+    "power_brake": [(2, "power brake", "GpuPowerBrakeSlowdown")],
+    "power_limit_low": [(2, "power-capped: limit 450 W, default 700 W", "GpuPowerLimitBelowDefault")],
+    "psu_undervoltage": [
+        ("node", "rail vout1 (pmbus-i2c-7-58) 11.20 V, below its limit 11.60 V", "HostPsuRailUndervoltage"),
+        (0, "power brake", "GpuPowerBrakeSlowdown"),
+    ],
+    "underperforming": [(2, "% of its baseline", "GpuUnderperforming")],
+    "pcie_degraded": [(2, "PCIe link downtrained: gen 3 x8 of gen 5 x16", "GpuPcieLinkDegraded")],
+    "xid": [(2, "XID 79 (GPU has fallen off the bus)", "GpuXidCritical")],
+    "ecc_uncorrectable": [(2, "uncorrectable ECC errors", "GpuEccUncorrectable")],
+    "row_remap_failure": [(2, "row remap failed", "GpuRowRemapFailure")],
+    "gpu_lost": [(2, "lost: ", "GpuLost")],
+    "backend_down": [("node", "none of the 8 expected NVIDIA GPUs can be read", "GpuBackendDown")],
+}
+HEALTHY = ("healthy", "busy")
+PROBED = ("mixed", "underperforming")  # the others run without the probe: 16 agents' probe children on a small CI box
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], str]]]:
+    """Every scenario's agent at once (one each), so the module waits for the slowest fault, not for their sum."""
+    tmp = tmp_path_factory.mktemp("nodes")
+    running = {s: _agent(tmp, s, 5 if s in PROBED else 0) for s in (*EXPECTED, *HEALTHY)}
     try:
-        _page_when(url, proc, "throttling: hw")  # GPU 2 past its slowdown threshold (flag words, not the legend's)
-        _page_when(url, proc, "power-capped: limit")
-        yield url
+        yield running
     finally:
-        _stop(proc)
+        for proc, _ in running.values():
+            _stop(proc)
 
 
-def test_mixed_node_in_headless_chromium(mixed_node: str, tmp_path: Path) -> None:
-    chromium = _chromium()
-    profile = tmp_path / "profile"
-    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
-    dom = subprocess.run(
-        [chromium, *flags, "--dump-dom", mixed_node], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
-    rows = Rows()
-    rows.feed(dom)
-    assert sorted(rows.rows) == list(range(8)), dom
-    cls2, text2 = rows.rows[2]
-    assert cls2 == "row-bad" and "hot:" in text2 and "slowdown at 89 °C" in text2 and "throttling" in text2, text2
-    assert "hw thermal" in text2  # the reason, in words
-    cls5, text5 = rows.rows[5]
-    assert cls5 == "row-warn" and "power-capped: limit 500 W, default 700 W" in text5, text5
-    for healthy in (0, 1, 3, 4, 7):
-        cls, text = rows.rows[healthy]
-        assert cls == "" and "ok" in text.split(), (healthy, text)
-    assert "/metrics" in rows.links
-    assert "GPUs need attention" in dom
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    b = Browser(_chromium())
+    try:
+        yield b
+    finally:
+        b.close()
 
-    shot = tmp_path / "status.png"
-    subprocess.run(
-        [chromium, *flags, "--window-size=1400,900", f"--screenshot={shot}", mixed_node],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+class Page(HTMLParser):
+    """The node findings (<ul id="node">) and each GPU row's class and text, from the DOM Chromium rendered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, tuple[str, str]] = {}
+        self.node = ""
+        self.runbooks: list[str] = []
+        self.summary = ""
+        self._where: str | int | None = None
+        self._cls = ""
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        ident = a.get("id") or ""
+        if tag == "tr" and ident.startswith("gpu-"):
+            self._where, self._cls, self._text = int(ident[4:]), a.get("class") or "", []
+        elif tag in ("ul", "p") and ident in ("node", "summary"):
+            self._where, self._text = ident, []
+        if tag == "a" and "runbooks.md#" in (a.get("href") or ""):
+            self.runbooks.append(a.get("href") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        text = " ".join(self._text)
+        if tag == "tr" and isinstance(self._where, int):
+            self.rows[self._where] = (self._cls, text)
+            self._where = None
+        elif tag == "ul" and self._where == "node":
+            self.node, self._where = text, None
+        elif tag == "p" and self._where == "summary":
+            self.summary, self._where = text, None
+
+    def handle_data(self, data: str) -> None:
+        if self._where is not None and data.strip():
+            self._text.append(data.strip())
+
+
+@pytest.mark.parametrize("scenario", list(EXPECTED))
+def test_every_fault_scenario_names_the_fault_the_gpu_and_the_remedy(
+    scenario: str, nodes: dict[str, tuple[subprocess.Popen[bytes], str]], browser: Browser, shots: Path
+) -> None:
+    proc, url = nodes[scenario]
+    for _, words, _ in EXPECTED[scenario]:
+        _page_when(url, proc, html.escape(words, quote=False), timeout=90)
+    dom, png = browser.page(url)
+    shot = save(shots / f"{scenario}.png", png)
     print(f"\nscreenshot: {shot}")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    page = Page()
+    page.feed(dom)
+    for where, words, alert in EXPECTED[scenario]:
+        text = page.node if where == "node" else page.rows[int(where)][1]
+        assert words in text, (where, text)
+        # the remedy right after it, and the runbook of the alert whose condition it is
+        after = text[text.index(words) :]
+        assert "what to do:" in after and f"runbook: {alert}" in after, (where, after)
+        assert any(href.endswith(f"docs/runbooks.md#{alert.lower()}") for href in page.runbooks), page.runbooks
+        if isinstance(where, int):
+            assert page.rows[where][0] in ("row-bad", "row-warn"), page.rows[where]
+    assert "healthy" not in page.summary.split(";")[0] or scenario == "mixed", page.summary
+    if scenario == "mixed":
+        for healthy in (0, 1, 3, 4, 7):
+            cls, text = page.rows[healthy]
+            assert cls == "" and "ok" in text.split(), (healthy, text)
+        assert "3 of 8 GPUs need attention" in page.summary, page.summary
+    if scenario == "backend_down":
+        assert "no GPU seen of 8 expected" in page.summary, page.summary
+    if scenario == "psu_undervoltage":  # the host's rails against their limits, the sagging one marked
+        assert re.search(r'<tr class="row-bad"><td class="l">vout1 .*?11\.20 V', dom), dom
 
 
-def test_slow_gpu_is_flagged_once_the_probe_reports(mixed_node: str) -> None:
-    """GPU 6 of `mixed` probes 20 % slow; the page says so once the probe has run (against its baseline or peers)."""
-    deadline, page = time.monotonic() + 90, ""
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(mixed_node, timeout=5) as reply:
-            page = reply.read().decode()
-        if re.search(r"slow probe: \d+%", page):  # a flag's words, not the legend's
-            break
-        time.sleep(1)
-    rows = Rows()
-    rows.feed(page)
-    _, text6 = rows.rows[6]
-    if "off" in text6.split() or "not yet" in text6:
-        pytest.xfail(f"the agent serves no probe result yet (issue #4); GPU 6 row reads: {text6}")
-    assert "slow probe" in text6, text6
-
-
-def test_lost_gpu_is_flagged(tmp_path: Path) -> None:
-    proc, url = _agent(tmp_path, "gpu_lost")
-    try:
-        page = _page_when(url, proc, "lost: ")
-    finally:
-        _stop(proc)
-    rows = Rows()
-    rows.feed(page)
-    cls, text = rows.rows[2]
-    assert cls == "row-bad" and "lost:" in text and "no readings" in text, text
-    assert all(rows.rows[i][0] == "" for i in (0, 1, 3)), rows.rows
+@pytest.mark.parametrize("scenario", HEALTHY)
+def test_healthy_nodes_read_healthy(
+    scenario: str, nodes: dict[str, tuple[subprocess.Popen[bytes], str]], browser: Browser, shots: Path
+) -> None:
+    proc, url = nodes[scenario]
+    _page_when(url, proc, "GPUs healthy")
+    dom, png = browser.page(url)
+    save(shots / f"{scenario}.png", png)
+    page = Page()
+    page.feed(dom)
+    assert page.summary == "All 8 GPUs healthy.", page.summary
+    assert sorted(page.rows) == list(range(8)) and all(cls == "" for cls, _ in page.rows.values()), page.rows
+    assert page.node == "" and "/metrics" in dom
 
 
 # --- health flags, without a browser -----------------------------------------------------------------------------
