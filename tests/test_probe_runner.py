@@ -297,12 +297,12 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
     """A worker stuck in the driver (uninterruptible) does not die of SIGKILL; the round must still end, release the
     GPU's lock, say so, and reap the worker with poll() once it finally exits. Simulated by a real worker process that
     SIGKILL does not reach (killpg patched to do nothing), so an unbounded wait() would hang this test for 300 s."""
-    from gpuwatch.probe import runner as runner_module
+    from gpuwatch.probe import children
 
     script = tmp_path / "stuck.py"
     script.write_text("import time; time.sleep(300)\n")
-    monkeypatch.setattr(runner_module, "KILL_WAIT_SECONDS", 0.3)
-    monkeypatch.setattr(runner_module.os, "killpg", lambda pid, sig: None)
+    monkeypatch.setattr(children, "KILL_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(children.os, "killpg", lambda pid, sig: None)
     settings = dataclasses.replace(QUICK, timeout_seconds=1.0)
     probe = runner(sim, tmp_path, settings, worker_command=[sys.executable, str(script)])
     started = time.monotonic()

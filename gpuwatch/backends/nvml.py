@@ -14,140 +14,41 @@ sample) and fast (every poll, about 14 calls per GPU on an H100).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import importlib.metadata
 import logging
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn, cast
+from dataclasses import replace
+from typing import Any, NoReturn
 
 from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.backends.nvml_slow import NvmlSlowTier, _Gpu
+from gpuwatch.backends.nvml_tables import (
+    _CLOCKS,
+    _CORRUPTED_INFOROM,
+    _FI_PCIE_ERRORS,
+    _FUNCTION_NOT_FOUND,
+    _GPU_FAILURES,
+    _INSUFFICIENT_POWER,
+    _LIBRARY_PROBLEMS,
+    _OPEN_HINTS,
+    _PERMANENT,
+    _REASON_BITS,
+    _THRESHOLDS,
+    _UNKNOWN_ERROR,
+    _constant,
+    _field_value,
+    _FieldIds,
+    _handle_key,
+    _hashable,
+    _text,
+)
 from gpuwatch.backends.tiered import GpuFailed as _GpuFailed
-from gpuwatch.backends.tiered import TieredBackend, TieredGpu
 from gpuwatch.backends.tiered import Unavailable as _Unavailable
-from gpuwatch.model import COMPUTE_MODES, GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
-
-# NVML return codes (nvml.h): the same numbers in every pynvml version.
-_INSUFFICIENT_POWER = 8
-_CORRUPTED_INFOROM = 14
-_FUNCTION_NOT_FOUND = 13
-_UNKNOWN_ERROR = 999
-
-# Library-level failures: NVML as a whole cannot be used; what the operator should do about each.
-_LIBRARY_PROBLEMS: dict[int, str] = {
-    1: "NVML is not initialised (it was shut down underneath the agent); the agent reopens it",
-    9: "the NVIDIA kernel driver is not loaded: load it (modprobe nvidia) or reboot; see dmesg",
-    12: "libnvidia-ml.so.1 was not found: install the NVIDIA driver on this host "
-    "(or mount its libraries into the container)",
-    18: "the NVML library and the loaded kernel driver differ in version (the driver was upgraded): "
-    "reboot, or unload and reload the nvidia kernel modules",
-}
-# Hints for failures of the calls the backend cannot open without (nvmlInit, nvmlDeviceGetCount).
-_OPEN_HINTS: dict[int, str] = {
-    4: "no permission to open /dev/nvidia*: run the agent as root or as a member of the group that owns them",
-    10: "the driver did not answer in time: start nvidia-persistenced so the GPUs stay initialised",
-}
-# Failures of one GPU: it stopped answering, so it gets a reading without a sample.
-_GPU_FAILURES: dict[int, str] = {
-    _INSUFFICIENT_POWER: "the GPU's external power cables are not properly attached",
-    10: "the GPU did not answer in time",
-    11: "the GPU has an interrupt problem",
-    15: "the GPU is lost (fallen off the bus: look for XID 79 in the kernel log; reset the GPU or reboot)",
-    16: "the GPU requires a reset (nvidia-smi -r, or reboot)",
-    28: "the GPU is no longer found (gone from the PCI bus)",
-    _UNKNOWN_ERROR: "NVML returned an unknown error for the GPU",
-}
-# Answers that will not change until the driver changes: remembered per GPU so they are not asked every poll.
-# NotSupported, InvalidArgument (e.g. an NVLink that does not exist), ArgumentVersionMismatch, Deprecated.
-_PERMANENT = frozenset({3, 2, 25, 26})
-
-# The field value union, by valueType.
-_FIELD_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-
-# Clock-event ("throttle") reason bits, by their pynvml suffix, and the schema's name for each.
-_REASON_BITS: tuple[tuple[str, str], ...] = (
-    ("GpuIdle", "gpu_idle"),
-    ("ApplicationsClocksSetting", "applications_clocks"),
-    ("SwPowerCap", "sw_power_cap"),
-    ("HwSlowdown", "hw_slowdown"),
-    ("SyncBoost", "sync_boost"),
-    ("SwThermalSlowdown", "sw_thermal"),
-    ("HwThermalSlowdown", "hw_thermal"),
-    ("HwPowerBrakeSlowdown", "hw_power_brake"),
-    ("DisplayClockSetting", "display_clock"),
-    ("BoardLimit", "board_limit"),  # newer bits, reported only where the supported mask has them
-    ("Reliability", "reliability"),
-)
-
-# Field ids from nvml.h. They are the driver's numbers, not the binding's: a binding only names them, and one
-# release renumbered some (below), so the ids are chosen by the driver's version, whatever nvidia-ml-py is installed.
-_FI_PERF_POLICY_POWER = 74  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
-_FI_PERF_POLICY_THERMAL = 75
-_FI_PERF_POLICY_SYNC_BOOST = 76  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
-_FI_PERF_POLICY_BOARD_LIMIT = 77
-_FI_PERF_POLICY_LOW_UTILIZATION = 78
-_FI_PERF_POLICY_RELIABILITY = 79
-_FI_MEMORY_TEMP = 82
-_FI_PCIE_L0_TO_RECOVERY_COUNTER = 169
-# NVML_FI_DEV_NVLINK_COUNT_*, scoped to a link: LINK_RECOVERY_EVENTS, LINK_RECOVERY_FAILED_EVENTS,
-# EFFECTIVE_ERRORS (left after forward error correction) and SYMBOL_ERRORS.
-_FI_NVLINK_COUNTS = {215: "recovery", 214: "recovery_failed", 219: "effective", 221: "symbol"}
-# NVML_FI_DEV_PCIE_COUNT_*: errors the GPU's PCIe port counted, by AER class.
-_FI_PCIE_ERRORS = {173: "correctable", 179: "non_fatal", 180: "fatal"}
-_FI_GET_GPU_RECOVERY_ACTION = 230
-# NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_THERM,HW_THERM,HW_POWER_BRAKE}_SLOWDOWN: absent before R575; 251-253 in
-# R575 and 580.65 (nvml.h of nvidia-ml-py 12.575.51, 13.580.65); 269-271 from 580.82 (13.580.82 on), where
-# 251-253 are power-smoothing settings again, as in R570 (12.570.86).
-_THROTTLE_TIME_FIELDS: tuple[tuple[tuple[int, ...], tuple[int, int, int] | None], ...] = (
-    ((575,), None),
-    ((580, 82), (251, 252, 253)),
-)
-_THROTTLE_TIME_FIELDS_NEWEST = (269, 270, 271)
-
-# nvmlRowRemapperHistogramValues_t: banks by how many spare rows they have left.
-_REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
-# nvmlGpuFabricState_t
-_FABRIC_STATE_NOT_SUPPORTED = 0
-_FABRIC_STATE_COMPLETED = 3
-
-_CLOCKS = (
-    ("sm", "NVML_CLOCK_SM"),
-    ("memory", "NVML_CLOCK_MEM"),
-    ("graphics", "NVML_CLOCK_GRAPHICS"),
-    ("video", "NVML_CLOCK_VIDEO"),
-)
-_THRESHOLDS = (
-    (("core", "slowdown"), "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-    (("core", "shutdown"), "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
-    (("core", "max_operating"), "NVML_TEMPERATURE_THRESHOLD_GPU_MAX"),
-    (("memory", "max_operating"), "NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
-)
-_NVLINK_COUNTERS = (
-    ("replay", ("NVML_NVLINK_ERROR_DL_REPLAY",)),
-    ("recovery", ("NVML_NVLINK_ERROR_DL_RECOVERY",)),
-    ("crc", ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "NVML_NVLINK_ERROR_DL_CRC_DATA")),
-    ("ecc", ("NVML_NVLINK_ERROR_DL_ECC_DATA",)),
-)
-
-
-@dataclass
-class _Gpu(TieredGpu):
-    """What the backend keeps about one GPU between polls (unsupported: (function, arguments) keys)."""
-
-    nvml_index: int = field(kw_only=True)
-    supported_reasons: int | None = None
-    event_types: int = 0
-    nvlinks: tuple[int, ...] = ()
-    fans: int | None = None
-    fast_fields: tuple[int, ...] = ()  # fields the driver fills, read in the one batched call of every poll
-    slow_fields: tuple[int, ...] = ()  # added to that call on slow polls
-    counter_fields: dict[int, str] = field(default_factory=dict)  # field id -> throttle reason it counts
-    violation_policies: dict[int, str] = field(default_factory=dict)  # policy -> reason no field counts
-    persistence_warned: bool = False
 
 
 def load_pynvml() -> Any:
@@ -158,7 +59,7 @@ def load_pynvml() -> Any:
         raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch[nvidia]'") from exc
 
 
-class NvmlBackend(TieredBackend[_Gpu]):
+class NvmlBackend(NvmlSlowTier):
     """NVIDIA GPUs through NVML; see the module docstring for the tiers and the choke point."""
 
     name: str = "nvml"
@@ -453,160 +354,6 @@ class NvmlBackend(TieredBackend[_Gpu]):
         slow = (ids.recovery_action, ids.l0_recovery, *_FI_PCIE_ERRORS)
         gpu.slow_fields = tuple(i for i in slow if i in supported)
 
-    # ----- slow tier -----
-
-    def _read_slow(self, gpu: _Gpu, sample: GpuSample, fields: dict[int, float | None]) -> None:
-        self._read_power_limits(gpu, sample)
-        self._read_memory_health(gpu, sample, fields)
-        self._read_pcie(gpu, sample, fields)
-        self._read_nvlinks(gpu, sample)
-        self._read_fabric(gpu, sample)
-        self._read_modes(gpu, sample)
-
-    def _read_power_limits(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """Limits by their own calls: the POWER_*_LIMIT fields come back unfilled (timestamp 0) on an H100."""
-        limits = sample.power_limit_watts
-        if (enforced := self._call(gpu, "nvmlDeviceGetEnforcedPowerLimit")) is not None:
-            limits["enforced"] = enforced / 1000
-        if (default := self._call(gpu, "nvmlDeviceGetPowerManagementDefaultLimit")) is not None:
-            limits["default"] = default / 1000
-        if (constraints := self._call(gpu, "nvmlDeviceGetPowerManagementLimitConstraints")) is not None:
-            limits["min"], limits["max"] = constraints[0] / 1000, constraints[1] / 1000
-
-    def _read_memory_health(self, gpu: _Gpu, sample: GpuSample, fields: dict[int, float | None]) -> None:
-        lib = self._lib
-        if (ecc := self._call(gpu, "nvmlDeviceGetEccMode")) is not None:
-            sample.ecc_enabled = ecc[0] == lib.NVML_FEATURE_ENABLED
-        if sample.ecc_enabled:
-            for kind, error_type in (
-                ("corrected", lib.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                ("uncorrected", lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-            ):
-                count = self._call(gpu, "nvmlDeviceGetTotalEccErrors", error_type, lib.NVML_AGGREGATE_ECC)
-                if count is not None:
-                    sample.ecc_errors_total[kind] = int(count)
-        if (rows := self._call(gpu, "nvmlDeviceGetRemappedRows")) is not None:
-            correctable, uncorrectable, pending, failed = rows
-            sample.remapped_rows_total.update(correctable=int(correctable), uncorrectable=int(uncorrectable))
-            sample.row_remap_pending, sample.row_remap_failed = bool(pending), bool(failed)
-        sample.retired_pages = self._retired_pages(gpu)
-        sample.sram_ecc_threshold_exceeded = self._sram_threshold_exceeded(gpu)
-        if (banks := self._call(gpu, "nvmlDeviceGetRowRemapperHistogram")) is not None:
-            sample.row_remap_banks = {name: int(getattr(banks, name)) for name in _REMAP_AVAILABILITY}
-        if (action := fields.get(self._fields.recovery_action)) is not None:
-            sample.recovery_action = int(action)
-
-    def _retired_pages(self, gpu: _Gpu) -> int | None:
-        """Pages retired for either cause (pre-Ampere; NotSupported and remembered on row-remapping GPUs)."""
-        lib = self._lib
-        counts = [
-            self._call(gpu, "nvmlDeviceGetRetiredPages", cause)
-            for cause in (
-                lib.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                lib.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-            )
-        ]
-        found = [len(pages) for pages in counts if pages is not None]
-        return sum(found) if found else None
-
-    def _read_pcie(self, gpu: _Gpu, sample: GpuSample, fields: dict[int, float | None]) -> None:
-        """The current link and what this GPU in this slot can reach (MaxPcieLinkGeneration)."""
-        for target, link, name in (
-            (sample.pcie_link_generation, "current", "nvmlDeviceGetCurrPcieLinkGeneration"),
-            (sample.pcie_link_generation, "max", "nvmlDeviceGetMaxPcieLinkGeneration"),
-            (sample.pcie_link_width, "current", "nvmlDeviceGetCurrPcieLinkWidth"),
-            (sample.pcie_link_width, "max", "nvmlDeviceGetMaxPcieLinkWidth"),
-        ):
-            if (value := self._call(gpu, name)) is not None:
-                target[link] = int(value)
-        if (replays := self._call(gpu, "nvmlDeviceGetPcieReplayCounter")) is not None:
-            sample.pcie_replays_total = int(replays)
-        if (recoveries := fields.get(self._fields.l0_recovery)) is not None:
-            sample.pcie_link_recoveries_total = int(recoveries)
-        for field_id, kind in _FI_PCIE_ERRORS.items():
-            if (count := fields.get(field_id)) is not None:
-                sample.pcie_errors_total[kind] = int(count)
-
-    def _sram_threshold_exceeded(self, gpu: _Gpu) -> bool | None:
-        """nvmlDeviceGetSramEccErrorStatus: have on-die SRAM ECC errors passed the driver's threshold (Ampere on)?"""
-        struct = getattr(self._lib, "c_nvmlEccSramErrorStatus_v1_t", None)
-        if struct is None:
-            return None
-        status = struct()  # the binding's constructor sets its version
-        if self._call(gpu, "nvmlDeviceGetSramEccErrorStatus", ctypes.byref(status)) is None:
-            return None
-        return bool(status.bThresholdExceeded)
-
-    def _read_fabric(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """NVSwitch systems: has the fabric manager registered this GPU? Absent where there is no fabric."""
-        struct = getattr(self._lib, "c_nvmlGpuFabricInfoV_t", None)
-        if struct is None:
-            return
-        info = struct()  # the binding's constructor sets its version
-        if self._call(gpu, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info)) is None:
-            return
-        state = int(info.state)
-        if state == _FABRIC_STATE_NOT_SUPPORTED:
-            return
-        sample.fabric_healthy = state == _FABRIC_STATE_COMPLETED and int(info.status) == 0
-
-    def _read_nvlinks(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """State and error counters of the links found in the static tier (absent links were never kept)."""
-        lib = self._lib
-        for link in gpu.nvlinks:
-            label = str(link)
-            if (state := self._call(gpu, "nvmlDeviceGetNvLinkState", link)) is not None:
-                sample.nvlink_up[label] = state == lib.NVML_FEATURE_ENABLED
-            for kind, counters in _NVLINK_COUNTERS:
-                found = [
-                    self._call(gpu, "nvmlDeviceGetNvLinkErrorCounter", link, getattr(lib, counter))
-                    for counter in counters
-                    if hasattr(lib, counter)
-                ]
-                if values := [int(value) for value in found if value is not None]:
-                    sample.nvlink_errors_total[(label, kind)] = sum(values)
-        self._read_nvlink_count_fields(gpu, sample)
-
-    def _read_nvlink_count_fields(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """Links without per-link DL counters (Blackwell answers NotSupported there) count their errors in the
-        NVML_FI_DEV_NVLINK_COUNT_* fields, scoped to the link: one batched call for all of them."""
-        counted = {link for link, _kind in sample.nvlink_errors_total}
-        links = [link for link in gpu.nvlinks if str(link) not in counted]
-        if not links:
-            return
-        requests = [(field_id, link) for link in links for field_id in _FI_NVLINK_COUNTS]
-        answers = self._call(gpu, "nvmlDeviceGetFieldValues", requests)
-        for (field_id, link), answer in zip(requests, answers or (), strict=False):
-            if int(answer.nvmlReturn) == 0 and (value := _field_value(answer)) is not None:
-                sample.nvlink_errors_total[(str(link), _FI_NVLINK_COUNTS[field_id])] = int(value)
-
-    def _read_modes(self, gpu: _Gpu, sample: GpuSample) -> None:
-        lib = self._lib
-        if (mig := self._call(gpu, "nvmlDeviceGetMigMode")) is not None:
-            sample.mig_enabled = mig[0] == lib.NVML_DEVICE_MIG_ENABLE
-        if (mode := self._call(gpu, "nvmlDeviceGetComputeMode")) is not None and 0 <= mode < len(COMPUTE_MODES):
-            sample.compute_mode = COMPUTE_MODES[mode]
-        if (persistence := self._call(gpu, "nvmlDeviceGetPersistenceMode")) is not None:
-            sample.persistence_mode_enabled = persistence == lib.NVML_FEATURE_ENABLED
-            if not sample.persistence_mode_enabled and not gpu.persistence_warned:
-                gpu.persistence_warned = True
-                log.warning(
-                    "GPU %s: persistence mode is off, so every NVML call re-initialises the GPU "
-                    "(tens of ms): start nvidia-persistenced",
-                    gpu.identity.uuid,
-                )
-        self._read_fans(gpu, sample)
-
-    def _read_fans(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """Per-fan speed where the board has fans (passively cooled SXM boards have none)."""
-        if gpu.fans is None:
-            if (speed := self._call(gpu, "nvmlDeviceGetFanSpeed")) is not None:
-                sample.fan_speed_ratio["0"] = speed / 100
-            return
-        for fan in range(gpu.fans):
-            if (speed := self._call(gpu, "nvmlDeviceGetFanSpeed_v2", fan)) is not None:
-                sample.fan_speed_ratio[str(fan)] = speed / 100
-
     # ----- fast tier -----
 
     def _read_fast(self, gpu: _Gpu, sample: GpuSample, fields: dict[int, float | None]) -> None:
@@ -671,89 +418,3 @@ class NvmlBackend(TieredBackend[_Gpu]):
         version = getattr(self._lib, "nvmlMemory_v2", None)
         memory = self._call(gpu, "nvmlDeviceGetMemoryInfo", version=version) if version is not None else None
         return memory if memory is not None else self._call(gpu, "nvmlDeviceGetMemoryInfo")
-
-
-class _FieldIds:
-    """The field ids this driver speaks (see _THROTTLE_TIME_FIELDS): which counts each throttle reason's time,
-    first choice first, and the violation-status policy to ask where no field does."""
-
-    def __init__(self, driver_version: str) -> None:
-        self.memory_temp = _FI_MEMORY_TEMP
-        self.recovery_action = _FI_GET_GPU_RECOVERY_ACTION
-        self.l0_recovery = _FI_PCIE_L0_TO_RECOVERY_COUNTER
-        sw_thermal, hw_thermal, power_brake = throttle_time_fields(driver_version) or (-1, -1, -1)
-        # The combined THERMAL counter stands in for sw_thermal only where the per-reason field is missing, so the
-        # two are never counted twice.
-        chains: tuple[tuple[str, tuple[int, ...], str | None], ...] = (
-            ("sw_power_cap", (_FI_PERF_POLICY_POWER,), "NVML_PERF_POLICY_POWER"),
-            ("sync_boost", (_FI_PERF_POLICY_SYNC_BOOST,), "NVML_PERF_POLICY_SYNC_BOOST"),
-            ("sw_thermal", (sw_thermal, _FI_PERF_POLICY_THERMAL), "NVML_PERF_POLICY_THERMAL"),
-            ("hw_thermal", (hw_thermal,), None),
-            ("hw_power_brake", (power_brake,), None),
-            ("board_limit", (_FI_PERF_POLICY_BOARD_LIMIT,), "NVML_PERF_POLICY_BOARD_LIMIT"),
-            ("low_utilization", (_FI_PERF_POLICY_LOW_UTILIZATION,), "NVML_PERF_POLICY_LOW_UTILIZATION"),
-            ("reliability", (_FI_PERF_POLICY_RELIABILITY,), "NVML_PERF_POLICY_RELIABILITY"),
-        )
-        self.counters = tuple((reason, tuple(i for i in ids if i >= 0), policy) for reason, ids, policy in chains)
-        counters = (i for c in self.counters for i in c[1])
-        every = (self.memory_temp, self.recovery_action, self.l0_recovery, *_FI_PCIE_ERRORS, *counters)
-        self.candidates: tuple[int, ...] = tuple(dict.fromkeys(every))
-
-
-def throttle_time_fields(driver_version: str) -> tuple[int, int, int] | None:
-    """The SW-thermal, HW-thermal and power-brake throttle-time field ids of this driver, None where it has none."""
-    try:
-        release = tuple(int(part) for part in driver_version.split(".")[:2])
-    except ValueError:
-        return None  # an unknown driver: ask nothing rather than misread another field
-    for below, ids in _THROTTLE_TIME_FIELDS:
-        if release < below:
-            return ids
-    return _THROTTLE_TIME_FIELDS_NEWEST
-
-
-def _constant(lib: Any, *names: str) -> Any:
-    """The first of ``names`` the binding defines (newer names first, older spellings after)."""
-    return next((value for name in names if (value := getattr(lib, name, None)) is not None), None)
-
-
-def _field_value(answer: Any) -> float | None:
-    """Read the union by valueType; a field the driver did not fill has timestamp 0 (and reads as 0)."""
-    value_type = int(answer.valueType)
-    if answer.timestamp == 0 or not 0 <= value_type < len(_FIELD_MEMBERS):
-        return None
-    return float(getattr(answer.value, _FIELD_MEMBERS[value_type]))
-
-
-def _text(value: Any) -> str:
-    """NVML strings as str (older bindings return bytes); '' where not available."""
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _hashable(args: tuple[Any, ...]) -> tuple[Hashable, ...]:
-    """Arguments as a key for the remembered NotSupported calls: the field-id list becomes a tuple, a ctypes
-    pointer (an event set, a device) its address; ctypes objects claim to be Hashable and raise TypeError."""
-    return tuple(_arg_key(arg) for arg in args)
-
-
-def _arg_key(arg: Any) -> Hashable:
-    if isinstance(arg, ctypes._Pointer):
-        return ("pointer", ctypes.cast(arg, ctypes.c_void_p).value)
-    if type(arg).__name__ == "CArgObject":  # byref(struct): a fresh struct each call, the same question
-        return ("byref", type(arg._obj).__name__)
-    if isinstance(arg, list):
-        return tuple(arg)
-    try:
-        hash(arg)
-    except TypeError:
-        return ("object", id(arg))
-    return cast(Hashable, arg)
-
-
-def _handle_key(handle: Any) -> Hashable:
-    """Identify a device handle: two ctypes pointers to one device compare unequal, their addresses do not."""
-    if isinstance(handle, ctypes._Pointer):
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    return handle if isinstance(handle, Hashable) else id(handle)

@@ -15,82 +15,55 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean
-
-import psutil
 
 from gpuwatch.config import Config, ProbeSection
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, BaselineKey, Baselines, Mode
+from gpuwatch.probe.children import (
+    PID_NAMESPACE_PATH,
+    PROC_PID_INIT_INO,
+    WORKER_CWD,
+    _Child,
+    _drain,
+    _failure,
+    _kill_group,
+    _last_json,
+    _pids_of,
+    _rss,
+    pid_namespace_inode,
+    worker_argv,
+)
 from gpuwatch.probe.engines import available_engines
 from gpuwatch.probe.locks import try_lock, unlock
+from gpuwatch.probe.readings import (
+    _at_power_cap,
+    _power_observable,
+    _previous,
+    _telemetry,
+    _unsupported,
+)
 from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
-from gpuwatch.probebook import ProbeOutcome, Telemetry, WorkerResult
+from gpuwatch.probebook import ProbeOutcome, WorkerResult
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", "prohibited"})
 WATCH_INTERVAL_SECONDS = 0.05
-CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
-KILL_WAIT_SECONDS = 5.0  # how long a SIGKILLed child may take to die before it is left to a later round's poll()
 # A worker whose resident host memory passes this is killed (a runaway must not push the node into the OOM killer).
 # RSS, not RLIMIT_AS: CUDA and ROCm reserve terabytes of virtual address space, which an address-space limit breaks.
 WORKER_MEMORY_LIMIT_BYTES = 16 * 2**30
-PID_NAMESPACE_PATH = Path("/proc/self/ns/pid")
-PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode of the initial (host) PID namespace
 NOT_HOST_PID_NAMESPACE = (
     "the agent runs in its own PID namespace (a container without hostPID): NVML reports host PIDs that this "
     "/proc cannot map to the probe's children, so every probe would look busy; run it with the host PID namespace "
     "(Kubernetes: hostPID: true; docker: --pid=host)"
 )
-
-
-# The worker runs as root: `-I` (isolated mode) keeps the working directory, PYTHONPATH and the user site out of its
-# sys.path, so a file planted beside where `gpuwatch probe` was started (an argparse.py in /tmp) is never imported.
-# gpuwatch's own root is appended after the installed packages, which still covers a source checkout on PYTHONPATH.
-_WORKER_BOOTSTRAP = "import sys; sys.path.append({root!r}); from gpuwatch.probe.worker import main; sys.exit(main())"
-WORKER_CWD = "/"  # a fixed, root-owned working directory: nothing the child opens by a relative name is planted
-
-
-def worker_argv() -> list[str]:
-    """The worker's command line: isolated mode, gpuwatch imported from where this process imported it."""
-    import gpuwatch
-
-    root = str(Path(gpuwatch.__file__).resolve().parent.parent)
-    return [sys.executable, "-I", "-c", _WORKER_BOOTSTRAP.format(root=root), "--json"]
-
-
-@dataclass(slots=True)
-class _Child:
-    identity: GpuIdentity
-    proc: subprocess.Popen[bytes]
-    started_wall: float
-    deadline: float
-    own_pids: set[int]
-    power_signal: bool
-    explicit_busy: bool
-    stdout: list[bytes] = field(default_factory=list)
-    stderr: list[bytes] = field(default_factory=list)
-    readers: list[threading.Thread] = field(default_factory=list)
-    signalled: bool = False
-    timed_out: bool = False
-    unkillable: bool = False  # SIGKILLed but still alive (stuck in the driver, uninterruptible)
-    foreign_pids: set[int] = field(default_factory=set)
-    seen: dict[float, GpuSample] = field(default_factory=dict)
-    ended: float | None = None
-    memory_exceeded: int = 0  # the RSS (bytes) at which it was killed for passing the memory limit
 
 
 class ProbeRunner:
@@ -514,113 +487,6 @@ class ProbeRunner:
 # --- helpers -----------------------------------------------------------------------------------------------------
 
 
-def _unsupported(sample: GpuSample) -> str | None:
-    if sample.mig_enabled:
-        return "MIG mode is enabled"
-    if sample.compute_mode in UNSUPPORTED_COMPUTE_MODES:
-        return f"compute mode is {sample.compute_mode}"
-    return None
-
-
-def _power_observable(sample: GpuSample) -> bool:
-    return "sw_power_cap" in sample.throttle_active or (
-        sample.power_watts is not None and sample.power_limit_watts.get("enforced") is not None
-    )
-
-
-def _at_power_cap(sample: GpuSample) -> bool:
-    if sample.throttle_active.get("sw_power_cap"):
-        return True
-    limit = sample.power_limit_watts.get("enforced")
-    return sample.power_watts is not None and bool(limit) and sample.power_watts >= CAP_POWER_SHARE * float(limit or 0)
-
-
-def _telemetry(samples: list[GpuSample]) -> Telemetry:
-    sm = [s.clock_hertz["sm"] for s in samples if s.clock_hertz.get("sm") is not None]
-    power = [s.power_watts for s in samples if s.power_watts is not None]
-    temps = [s.temperature_celsius["core"] for s in samples if s.temperature_celsius.get("core") is not None]
-    return Telemetry(
-        sm_clock_hertz=fmean(sm) if sm else None,
-        power_watts=fmean(power) if power else None,
-        temperature_celsius=max(temps) if temps else None,
-        samples=len(samples),
-    )
-
-
-def pid_namespace_inode(path: Path) -> int | None:
-    """The inode of a PID namespace link (PROC_PID_INIT_INO for the host's), or None where it cannot be read."""
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
-def _rss(pid: int) -> int:
-    """Resident memory of a running process in bytes; 0 once it is gone."""
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return 0
-
-
-def _pids_of(pid: int, *, recursive: bool = False) -> set[int]:
-    """The PIDs a process has in every PID namespace (NSpid), plus its descendants' when asked."""
-    pids = {pid, *_nspids(pid)}
-    if recursive:
-        with contextlib.suppress(psutil.Error):
-            for descendant in psutil.Process(pid).children(recursive=True):
-                pids |= {descendant.pid, *_nspids(descendant.pid)}
-    return pids
-
-
-def _nspids(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return {int(x) for x in line.split()[1:] if x.isdigit()}
-    except OSError:
-        pass
-    return set()
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=KILL_WAIT_SECONDS)
-
-
-def _drain(stream: object, sink: list[bytes]) -> None:
-    read = getattr(stream, "read", None)
-    if read is None:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        while chunk := read(65536):
-            sink.append(chunk)
-            if sum(len(c) for c in sink) > 4 * 2**20:  # a runaway child: keep the tail that matters
-                del sink[:-4]
-
-
-def _last_json(out: bytes) -> dict[str, object] | None:
-    for line in reversed(out.decode(errors="replace").strip().splitlines()):
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict):
-                return doc
-    return None
-
-
-def _failure(code: int | None, doc: dict[str, object] | None, stderr: str) -> str:
-    if doc is not None and doc.get("message"):
-        return str(doc["message"])
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"the worker died of {signal.Signals(-code).name}" + (f": {stderr[-300:]}" if stderr else "")
-    tail = stderr[-300:] if stderr else "no output"
-    return f"the worker exited with status {code} without a result: {tail}"
-
-
 def agent_probe_runner(
     config: Config,
     store: SampleStore,
@@ -631,10 +497,3 @@ def agent_probe_runner(
     if config.probe.interval_seconds <= 0 or "probe" in config.agent.disable_collectors:
         return None
     return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)
-
-
-def _previous(baseline: Baseline | None) -> tuple[str, float] | None:
-    """(dtype, FLOP/s) of the baseline a GPU had before its current key (a driver or library roll-out)."""
-    if baseline is None or baseline.previous_key is None or baseline.previous_flops is None:
-        return None
-    return baseline.previous_key.dtype, baseline.previous_flops
