@@ -8,18 +8,21 @@ import json
 import os
 import platform
 import socket
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gpuwatch import __version__
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import Config, ConfigError, parse_listen
-from gpuwatch.host.report import check_host, host_json, print_host_table, read_host
+from gpuwatch.host.report import check_host, host_json, read_host
 from gpuwatch.kmsg import KernelLogXidReader
-from gpuwatch.model import GpuReading
+from gpuwatch.model import GpuReading, HostSample
 from gpuwatch.simulation import build_sources
 from gpuwatch.sources import BackendSlot, amd_versions
 from gpuwatch.statedir import state_dir_problem, writable_problem
+from gpuwatch.thresholds import runbook_url
+from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 69
@@ -76,23 +79,228 @@ def _read_all(slots: list[BackendSlot]) -> tuple[list[GpuReading], dict[str, str
 
 
 def snapshot(config: Config, *, as_json: bool) -> int:
+    """One reading of every GPU and host sensor: the terminal twin of the status page (the same verdicts)."""
     sources = build_sources(config)  # once: a simulated node's GPUs and host sensors are the same node
     readings, problems = _read_all(sources.slots)
     host, host_problems = read_host(sources.host)  # rails, supplies, temperatures, fans
     if as_json:
-        document = {"gpus": [_reading_json(r) for r in readings], "backend_errors": problems}
+        document = {"gpus": [_reading_json(r, config) for r in readings], "backend_errors": problems}
         print(json.dumps({**document, "host": host_json(host), "host_errors": host_problems}, indent=2))
     else:
-        _print_table(readings, problems)
-        print_host_table(host, host_problems)
+        expected = {v: n for v in ("nvidia", "amd") if (n := _expected(config, sources, v))}
+        paint = Paint.for_stdout()
+        print_gpus(readings, problems, expected, config.gpus.power_limit_watts, paint)
+        print_host(host, host_problems, paint)
     return EXIT_OK if not problems else EXIT_UNAVAILABLE
 
 
-def _reading_json(reading: GpuReading) -> dict[str, Any]:
+def _expected(config: Config, sources: Any, vendor: str) -> int:
+    configured = config.expected_gpus(vendor)
+    return configured if configured is not None else int(sources.pci_gpu_counts().get(vendor, 0))
+
+
+class Paint:
+    """ANSI colour for a terminal; none when stdout is piped or NO_COLOR is set (no-color.org)."""
+
+    CODES: ClassVar[dict[str, str]] = {"bad": "1;31", "warn": "33", "ok": "32", "info": "2", "head": "1"}
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @staticmethod
+    def for_stdout() -> Paint:
+        return Paint(sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+
+    def __call__(self, level: str, text: str) -> str:
+        if not self.enabled or level not in self.CODES:
+            return text
+        return f"\033[{self.CODES[level]}m{text}\033[0m"
+
+
+def gpu_findings(reading: GpuReading, configured_limit: float | None) -> list[Finding]:
+    if reading.sample is None:
+        return [
+            Finding(
+                "bad",
+                "GpuLost",
+                f"lost: {reading.error or 'unreadable'}",
+                "drain the node and reset the GPU or reboot; reseat or replace it if it does not come back",
+            )
+        ]
+    return judge_gpu(reading.identity, reading.sample, configured_limit)
+
+
+def _pad(text: str, width: int, paint: Paint, level: str = "", right: bool = False) -> str:
+    padded = f"{text:>{width}}" if right else f"{text:<{width}}"
+    return paint(level, padded) if level else padded
+
+
+def print_gpus(
+    readings: list[GpuReading],
+    problems: dict[str, str],
+    expected: dict[str, int],
+    configured_limit: float | None,
+    paint: Paint,
+) -> None:
+    """A row per GPU with its readings against its limits and a verdict; each finding under it, with what to do."""
+    for name, message in problems.items():
+        print(paint("bad", f"{name}: unavailable: {message}"))
+        print(f"    what to do: check the driver (nvidia-smi / amd-smi, dmesg) · {runbook_url('GpuBackendDown')}")
+    seen = len(readings)
+    total = sum(expected.values())
+    if total:
+        counted = f"{seen} of {total} expected GPUs"
+        print(paint("bad", counted + " read") if seen < total else counted)
+    columns = (
+        ("GPU", 3, True),
+        ("model", 22, False),
+        ("core °C", 9, True),
+        ("mem °C", 9, True),
+        ("power W", 11, True),
+        ("SM MHz", 11, True),
+        ("util", 5, True),
+        ("PCIe", 13, True),
+        ("health", 0, False),
+    )
+    if not readings:
+        return
+    print(paint("head", "  ".join(_pad(h, w, Paint(False), right=r) for h, w, r in columns).rstrip()))
+    print(
+        paint(
+            "info",
+            "  ".join(
+                _pad(h, w, Paint(False), right=r)
+                for h, w, r in zip(
+                    ("", "", "now/slow", "now/max", "now/limit", "now/max", "", "now/max", ""),
+                    (w for _, w, _ in columns),
+                    (r for _, _, r in columns),
+                    strict=True,
+                )
+            ).rstrip(),
+        )
+    )
+    for reading in readings:
+        ident, s = reading.identity, reading.sample
+        findings = gpu_findings(reading, configured_limit)
+        attention = [f for f in findings if f.attention]
+        worst = attention[0].level if attention else "ok"
+        verdict = (
+            "ok" if not attention else attention[0].text + (f" (+{len(attention) - 1})" if len(attention) > 1 else "")
+        )
+        cells = [_pad(str(ident.index), 3, paint, right=True), _pad(ident.model[:22], 22, paint)]
+        if s is not None:
+            gen, width = s.pcie_link_generation, s.pcie_link_width
+            pcie = (
+                f"{gen.get('current', '-')}x{width.get('current', '-')}/{gen.get('max', '-')}x{width.get('max', '-')}"
+            )
+            sm, sm_max = s.clock_hertz.get("sm"), s.clock_max_hertz.get("sm")
+            util = None if s.utilization_ratio is None else s.utilization_ratio * 100
+            cells += [
+                _pad(
+                    _pair(s.temperature_celsius.get("core"), s.temperature_threshold_celsius.get(("core", "slowdown"))),
+                    9,
+                    paint,
+                    right=True,
+                ),
+                _pad(
+                    _pair(
+                        s.temperature_celsius.get("memory"),
+                        s.temperature_threshold_celsius.get(("memory", "max_operating")),
+                    ),
+                    9,
+                    paint,
+                    right=True,
+                ),
+                _pad(_pair(s.power_watts, s.power_limit_watts.get("enforced")), 11, paint, right=True),
+                _pad(_pair(_mhz(sm), _mhz(sm_max)), 11, paint, right=True),
+                _pad(f"{_fmt(util)}%", 5, paint, right=True),
+                _pad(pcie if gen or width else "-", 13, paint, right=True),
+            ]
+        else:
+            cells += [_pad("no readings", 9 + 9 + 11 + 11 + 5 + 13 + 10, paint)]
+        cells.append(paint(worst, verdict))
+        print("  ".join(cells))
+        for f in findings:
+            if f.attention:
+                print(f"     {paint(f.level, '!')} {f.text}")
+                print(f"       what to do: {f.remedy} · {f.runbook}")
+
+
+def print_host(samples: list[HostSample], problems: dict[str, str], paint: Paint) -> None:
+    """Rails against their limits and supplies, each with its state, as the status page's host table."""
+    for name, message in problems.items():
+        print(paint("warn", f"host {name}: unavailable: {message}"))
+    rails = [v for s in samples for v in s.voltages]
+    psus = [p for s in samples for p in s.psus]
+    power = {w.psu: w.watts for s in samples for w in s.psu_power}
+    if not (rails or psus):
+        print("host power: no rails or supplies" + ("" if problems else " (no hwmon chips, no BMC)"))
+    if rails:
+        print()
+        print(paint("head", f"{'rail':<32} {'now V':>8} {'limit V':>8} {'nominal':>8}  state"))
+        for v in rails:
+            finding = judge_rail(v)
+            limit = rail_limit(v)
+            raised = [name for name, flag in v.alarms if flag]
+            state, level = (
+                ("BELOW LIMIT", "bad")
+                if finding
+                else (f"alarm ({', '.join(raised)})", "warn")
+                if raised
+                else ("ok", "ok")
+            )
+            print(
+                f"{(v.chip + ' ' + v.sensor)[:32]:<32} {v.volts:>8.3f} {_volts(limit):>8} "
+                f"{_volts(v.nominal_volts):>8}  {paint(level, state)}"
+            )
+    if psus:
+        print()
+        print(paint("head", f"{'power supply':<32} {'load W':>8}  state"))
+        for p in psus:
+            watts = power.get(p.psu)
+            state = paint("ok", "up") if p.up else paint("bad", "FAILED")
+            detail = f" ({p.states})" if p.states else ""
+            print(f"{p.psu[:32]:<32} {_fmt(watts):>8}  {state}{detail}")
+    for f in judge_host(samples):
+        print(f"{paint(f.level, '!')} {f.text}")
+        print(f"  what to do: {f.remedy} · {f.runbook}")
+    lost = [s.psu_redundancy_lost for s in samples if s.psu_redundancy_lost is not None]
+    if lost:
+        print(f"power-supply redundancy: {paint('warn', 'LOST') if any(lost) else paint('ok', 'ok')}")
+    temps = [t for s in samples for t in s.temperatures]
+    fans = [f for s in samples for f in s.fans]
+    if temps:
+        print("temperatures: " + ", ".join(f"{t.chip} {t.sensor} {t.value:.1f} °C" for t in temps))
+    if fans:
+        print("fans: " + ", ".join(f"{f.chip} {f.sensor} {f.value:.0f} RPM" for f in fans))
+
+
+def _pair(now: float | None, limit: float | None) -> str:
+    return f"{_fmt(now)}/{_fmt(limit)}"
+
+
+def _mhz(hertz: float | None) -> float | None:
+    return None if hertz is None else hertz / 1e6
+
+
+def _volts(value: float | None) -> str:
+    return "-" if value is None else f"{abs(value):.3f}"
+
+
+def _reading_json(reading: GpuReading, config: Config) -> dict[str, Any]:
     sample = None
     if reading.sample is not None:
         sample = {key: _jsonable(value) for key, value in dataclasses.asdict(reading.sample).items()}
-    return {"identity": dataclasses.asdict(reading.identity), "sample": sample, "error": reading.error}
+    findings = [
+        {"level": f.level, "alert": f.alert, "text": f.text, "remedy": f.remedy, "runbook": f.runbook}
+        for f in gpu_findings(reading, config.gpus.power_limit_watts)
+    ]
+    return {
+        "identity": dataclasses.asdict(reading.identity),
+        "sample": sample,
+        "error": reading.error,
+        "findings": findings,
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -101,27 +309,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return value
-
-
-def _print_table(readings: list[GpuReading], problems: dict[str, str]) -> None:
-    for name, message in problems.items():
-        print(f"{name}: unavailable: {message}")
-    header = f"{'GPU':>3}  {'model':<24} {'core':>5} {'mem':>5} {'power W':>13} {'SM MHz':>6} {'util':>5}  throttling"
-    print(header)
-    for reading in readings:
-        ident, s = reading.identity, reading.sample
-        if s is None:
-            print(f"{ident.index:>3}  {ident.model[:24]:<24} LOST: {reading.error}")
-            continue
-        reasons = ",".join(sorted(r for r, on in s.throttle_active.items() if on)) or "-"
-        power = f"{_fmt(s.power_watts)}/{_fmt(s.power_limit_watts.get('enforced'))}"
-        sm = s.clock_hertz.get("sm")
-        util = None if s.utilization_ratio is None else s.utilization_ratio * 100
-        print(
-            f"{ident.index:>3}  {ident.model[:24]:<24} {_fmt(s.temperature_celsius.get('core')):>5} "
-            f"{_fmt(s.temperature_celsius.get('memory')):>5} {power:>13} "
-            f"{_fmt(None if sm is None else sm / 1e6):>6} {_fmt(util):>4}%  {reasons}"
-        )
 
 
 def _fmt(value: float | None) -> str:
