@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import socket
 import sys
 from pathlib import Path
@@ -315,67 +316,112 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+class CheckReport:
+    """`gpuwatch check`'s lines, all one format: `[level] what: detail`, level ok, warn or FAIL, and under every warn
+    and FAIL line `    fix: ...`, what to do about it. FAIL is what stops the agent; warn is what it runs without."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def line(self, level: str, what: str, detail: str, fix: str = "") -> None:
+        assert level in ("ok", "warn", "FAIL"), level
+        self.failures += level == "FAIL"
+        print(f"[{level}] {what}: {detail}")
+        if level != "ok":
+            print(f"    fix: {fix or 'see docs/configuration.md'}")
+
+    def result(self, ok: bool, what: str, detail: str, fix: str) -> None:
+        self.line("ok" if ok else "FAIL", what, detail, fix)
+
+
+def _gpu_words(counts: dict[str, int]) -> str:
+    words = [
+        f"{n} {label} GPU{'s' if n != 1 else ''}" if n else f"no {label} GPU"
+        for vendor, label in (("nvidia", "NVIDIA"), ("amd", "AMD"))
+        if (n := counts.get(vendor, 0)) is not None
+    ]
+    return ", ".join(words)
+
+
+_FIXES = {
+    "state dir": "create it, writable for the agent's user, or choose another with --state-dir PATH",
+    "listen": "stop what listens there (ss -ltnp) or choose another --listen HOST:PORT",
+    "backend": "make nvidia-smi (or amd-smi) work for this user: install or reload the driver; the agent retries "
+    "the library every 60 s and never exits for it",
+    "host": "give the agent's user access to the sensor (docs/host-power.md), or turn the source off in [host]",
+    "kernel log": "run the agent in group adm or systemd-journal (the unit does); without it XIDs come from NVML "
+    "events only",
+    "probe": "docs/probe.md: install an engine, or reset the baseline on an idle GPU (gpuwatch probe --reset-baseline)",
+}
+
+
 def check(config: Config) -> int:
     """Say, line by line, whether the agent can run here; exit 0 only if it can."""
-    failures = 0
-
-    def report(ok: bool, what: str, detail: str) -> None:
-        nonlocal failures
-        failures += 0 if ok else 1
-        print(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
-
-    print(f"[ok] configuration: {config.source}")
+    report = CheckReport()
+    report.line("ok", "configuration", str(config.source))
     sources = build_sources(config)
-    print(f"[ok] PCI bus: {sources.pci_gpu_counts()}")
+    report.line("ok", "PCI bus", _gpu_words(sources.pci_gpu_counts()))
     if not sources.slots:
-        report(False, "GPU backends", "none needed: no NVIDIA or AMD GPU on the PCI bus and none configured")
+        report.line(
+            "warn",
+            "GPUs",
+            "no NVIDIA or AMD GPU on the PCI bus and no backend configured: the agent runs and exports host sensors "
+            "only",
+            "on a GPU node, check lspci and the driver; to try gpuwatch without a GPU: --backend simulated",
+        )
     for slot in sources.slots:
-        report(*_check_backend(slot))
+        report.result(*_check_backend(slot), _FIXES["backend"])
     for device in sorted(Path("/dev").glob("nvidia*")) if config.agent.backend != "simulated" else []:
         readable = os.access(device, os.R_OK | os.W_OK)
-        report(readable, f"device {device}", "read/write" if readable else "no read/write access for this user")
-    report(*_check_state_dir(config))
-    report(*_check_port(config))
-    web_config_ok = _check_web_config(config)
-    failures += 0 if web_config_ok else 1
+        report.result(
+            readable,
+            f"device {device}",
+            "read/write" if readable else "no read/write access for this user",
+            f"run the agent as a user with read/write access to {device} (ls -l {device}), as the unit does",
+        )
+    report.result(*_check_state_dir(config), _FIXES["state dir"])
+    report.result(*_check_port(config), _FIXES["listen"])
+    web_config_ok = _check_web_config(config, report)
     for level, what, detail in check_host(sources.host, config.agent.disable_collectors):
-        if level == "FAIL":
-            report(False, what, detail)
-        else:
-            print(f"[{level}] {what}: {detail}")
+        report.line("ok" if level == "info" else level, what, detail, _FIXES["host"])
     if config.xid.kernel_log and config.agent.backend != "simulated":
         with KernelLogXidReader(Path(config.xid.kernel_log)) as reader:
             # Optional: the NVML event stream still delivers XIDs without it.
-            state = "readable" if reader.available else reader.reason
-            print(f"[{'ok' if reader.available else 'warn'}] kernel log {config.xid.kernel_log}: {state}")
+            state = "readable" if reader.available else (reader.reason or "unreadable")
+            report.line(
+                "ok" if reader.available else "warn", f"kernel log {config.xid.kernel_log}", state, _FIXES["kernel log"]
+            )
     from gpuwatch.probe.engines import describe_engines
 
-    print(describe_engines(config))  # optional: without an engine every probe is skipped_unsupported
-    for line in _uncapped_baselines(config):
-        print(line)
+    for text in (describe_engines(config), *_uncapped_baselines(config)):  # optional: the agent runs without
+        match = re.fullmatch(r"\[(\w+)\] ([^:]+): (.*)", text, re.S)
+        if match:
+            report.line(match.group(1), match.group(2), match.group(3), _FIXES["probe"])
+        else:
+            report.line("ok", "probe", text)
     if not web_config_ok:
         return EXIT_CONFIG  # what `gpuwatch run` would exit with on the same file
-    return EXIT_OK if failures == 0 else EXIT_UNAVAILABLE
+    return EXIT_OK if report.failures == 0 else EXIT_UNAVAILABLE
 
 
-def _check_web_config(config: Config) -> bool:
+def _check_web_config(config: Config, report: CheckReport) -> bool:
     """Load the web config as the agent would (certificates, keys, hashes), so a bad one fails here, not at start."""
     path = config.agent.web_config
     if not path:
-        print("[ok] web config: none (plain HTTP, no authentication)")
+        report.line("ok", "web config", "none (plain HTTP, no authentication)")
         return True
     from gpuwatch.webconfig import load_web_config
 
     try:
         web = load_web_config(Path(path))
     except ConfigError as exc:
-        print(f"[FAIL] web config {path}: {exc}")
+        report.line("FAIL", f"web config {path}", str(exc), "correct the file: gpuwatch run exits 78 on it")
         return False
     tls = "TLS" if web.tls is not None else "plain HTTP"
     if web.tls is not None and web.client_allowed_sans:
         tls += f", client certificates limited to {len(web.client_allowed_sans)} SAN(s)"
     users = f"basic auth for {len(web.users)} user(s)" if web.users else "no basic auth"
-    print(f"[ok] web config {path}: {tls}, {users}")
+    report.line("ok", f"web config {path}", f"{tls}, {users}")
     return True
 
 

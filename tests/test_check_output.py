@@ -1,0 +1,83 @@
+"""`gpuwatch check`'s output on a good node and on a bad one, as golden files (tests/golden/check-*.txt): every line
+`[ok|warn|FAIL] what: detail` in plain words (no Python dicts), and under every warn and FAIL line what to do about it.
+Regenerate with GPUWATCH_UPDATE_GOLDEN=1 after reading the diff."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+GOLDEN = Path(__file__).parent / "golden"
+LINE = re.compile(r"\[(ok|warn|FAIL)\] \S.*?: \S.*")
+FIX = re.compile(r"    fix: \S.*")
+
+
+def _check(tmp: Path, *args: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "check", "--backend", "simulated", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    text = result.stdout.replace(str(tmp), "<tmp>")
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
+    text = re.sub(r"nvidia-ml-py [\w.+-]+", "nvidia-ml-py <version>", text)
+    return result.returncode, text
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("GPUWATCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name}: regenerate with GPUWATCH_UPDATE_GOLDEN=1 after checking the diff"
+
+
+def _one_format(text: str) -> None:
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        assert LINE.fullmatch(line) or FIX.fullmatch(line), line
+        if line.startswith(("[warn]", "[FAIL]")):
+            assert i + 1 < len(lines) and FIX.fullmatch(lines[i + 1]), f"no remedy under: {line}"
+    assert "{" not in text and "none needed" not in text
+
+
+def test_a_good_node(tmp_path: Path) -> None:
+    rc, text = _check(tmp_path, "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{free_port()}")
+    assert rc == 0, text
+    _one_format(text)
+    _golden("check-good.txt", text)
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_bad_node(tmp_path: Path, taken_port: int) -> None:
+    not_a_dir = tmp_path / "state"
+    not_a_dir.write_text("a file where the state dir should be\n")
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: not-a-bcrypt-hash\n")
+    config = tmp_path / "gpuwatch.toml"
+    config.write_text('[simulated]\nscenario = "backend_down"\n')  # the driver missing
+    rc, text = _check(
+        tmp_path,
+        *("--config", str(config), "--state-dir", str(not_a_dir), "--listen", f"127.0.0.1:{taken_port}"),
+        *("--web-config", str(web)),
+    )
+    assert rc == 78, text  # the web config is what `gpuwatch run` would exit 78 on
+    _one_format(text)
+    assert text.count("[FAIL]") == 4, text
+    _golden("check-bad.txt", text)
