@@ -36,10 +36,35 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipeline mem
 log = logging.getLogger("gpuwatch")
 
 
+# A few words per scenario for --help, one line each (the full descriptions: docs/simulation.md).
+SCENARIO_SUMMARIES = {
+    "healthy": "every GPU idle and healthy",
+    "mixed": "the demo: GPU 2 overheats, GPU 5 power-capped at 500 W, GPU 6 probes 20 % slow",
+    "busy": "every GPU at full load at its power cap: healthy",
+    "overheating": "GPU 2 climbs past its slowdown threshold in ~8 s",
+    "memory_overheating": "GPU 2's HBM at its 95 °C limit",
+    "thermal_throttling": "GPU 2 thermally throttled 70 % of the time",
+    "power_brake": "GPU 2 held down by the hardware power brake",
+    "power_limit_low": "GPU 2's power limit at 450 W of 700 W, under load",
+    "psu_undervoltage": "a supply's 12 V rail sags to 11.2 V; every GPU power-braked",
+    "underperforming": "GPU 2 probes 20 % slow (the probe runs every 10 s)",
+    "pcie_degraded": "GPU 2's link at gen 3 x8 of gen 5 x16, under load",
+    "xid": "GPU 2 raises XID 13, then XID 79 (fallen off the bus)",
+    "ecc_uncorrectable": "GPU 2 counts uncorrectable ECC errors",
+    "row_remap_failure": "GPU 2: a row remap failed, one pending",
+    "gpu_lost": "GPU 2 stops answering at 6 s",
+    "backend_down": "the vendor library is missing (no driver)",
+}
+PROBE_SCENARIO_INTERVAL_SECONDS = 10.0  # scenarios that show their fault in the probe probe this often under `run`
+
+
 def _scenario_help() -> str:
     from gpuwatch.scenario_catalogue import SCENARIOS
 
-    return "; ".join(f"{name}: {info.description}" for name, info in SCENARIOS.items())
+    width = max(map(len, SCENARIOS))
+    return "\n".join(
+        f"  {name:<{width}}  {SCENARIO_SUMMARIES.get(name, info.description)}" for name, info in SCENARIOS.items()
+    )
 
 
 def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
@@ -72,7 +97,9 @@ def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
 
 def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--scenario", metavar="NAME", help="simulated scenario (with --backend simulated); see `gpuwatch demo --help`"
+        "--scenario",
+        metavar="NAME",
+        help="simulated scenario (with --backend simulated); listed by `gpuwatch demo --help`",
     )
     parser.add_argument("--vendor", choices=VENDORS, help="simulated GPU vendor (default nvidia)")
     parser.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (default 8)")
@@ -86,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="the agent on a simulated 8-GPU node (default scenario mixed)",
-        description="Scenarios: " + _scenario_help(),
+        description="The agent on a simulated 8-GPU node.\n\nscenarios (--scenario NAME):\n" + _scenario_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_agent_flags(demo, demo=True)
     snap = sub.add_parser("snapshot", help="one reading of every GPU, printed, then exit")
@@ -112,7 +140,8 @@ def _add_fleet_parser(sub: Any) -> None:
         help="serve N simulated agents on loopback and write a Prometheus file_sd targets file",
         description="Serve N simulated agents on 127.0.0.1:P..P+N-1 and write a file_sd targets file (a `node` label "
         "per target). --fault NODE=SCENARIO runs a scenario on a whole node; --fault NODE/GPU=SCENARIO gives one GPU "
-        "of a healthy node that scenario's fault. NODE is 0-based (or node-003). Scenarios: " + _scenario_help(),
+        "of a healthy node that scenario's fault. NODE is 0-based (or node-003).\n\nscenarios:\n" + _scenario_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     fleet.add_argument("--nodes", type=int, required=True, metavar="N")
     fleet.add_argument("--gpus", type=int, required=True, metavar="G", help="GPUs per node")
@@ -237,6 +266,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     config = load_config(path, overrides)
     if args.command == "run":
+        if "probe" not in overrides and _scenario_needs_probe(config):
+            overrides["probe"] = {"interval_seconds": PROBE_SCENARIO_INTERVAL_SECONDS}
+            config = load_config(path, overrides)
+            print(
+                f"gpuwatch: scenario {config.simulated.scenario!r} shows its fault in the probe: probing every "
+                f"{PROBE_SCENARIO_INTERVAL_SECONDS:g} s (--probe-interval to change); the first results come after "
+                "one interval, a GPU's own baseline after 5 probes, and the status page compares it with its peers "
+                "before that",
+                file=sys.stderr,
+            )
         return _run_agent(config, path, overrides, announce=False)
     if args.command == "snapshot":
         return commands.snapshot(config, as_json=args.json)
@@ -256,6 +295,21 @@ def _dispatch(args: argparse.Namespace) -> int:
             reset_baseline=args.reset_baseline,
         )
     raise AssertionError(args.command)
+
+
+def _scenario_needs_probe(config: Config) -> bool:
+    """A simulated scenario whose fault only the probe shows, with the probe at its production default (900 s: five
+    probes for a baseline would take over an hour): it probes every PROBE_SCENARIO_INTERVAL_SECONDS instead."""
+    from gpuwatch.config import ProbeSection
+    from gpuwatch.scenario_catalogue import SCENARIOS
+
+    info = SCENARIOS.get(config.simulated.scenario)
+    return (
+        config.agent.backend == "simulated"
+        and info is not None
+        and bool(info.probe_slowdown)
+        and config.probe.interval_seconds == ProbeSection().interval_seconds
+    )
 
 
 def config_vendor(args: argparse.Namespace) -> str:

@@ -54,6 +54,9 @@ def probe(config: Config, *, gpus: list[int], as_json: bool, update_baseline: bo
             backends.append(backend)
             store.record_poll(backend.poll(slow=True))
         known = sorted(i.index for i in store.identities().values())
+        if not known:  # nothing to probe is a resource this command cannot work without (README: exit 69)
+            print("gpuwatch probe: no GPU on this node to probe (gpuwatch check says why)", file=sys.stderr)
+            return EXIT_UNAVAILABLE
         unknown = [n for n in gpus if n not in known]
         if unknown:
             print(f"gpuwatch probe: no GPU {unknown} on this node (GPUs: {known})", file=sys.stderr)
