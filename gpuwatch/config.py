@@ -25,11 +25,55 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(Exception):
-    """An invalid configuration; the message names the file, the key and the problem."""
+    """An invalid configuration; the message names the file (or the flag), the key and the problem — every problem
+    found, not only the first (`more`); `source`, `key` and `problem` are the first one's."""
 
-    def __init__(self, source: str, key: str, problem: str) -> None:
-        self.source, self.key, self.problem = source, key, problem
-        super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+    def __init__(
+        self, source: str, key: str, problem: str, *, flag: str = "", more: tuple[ConfigError, ...] = ()
+    ) -> None:
+        self.source, self.key, self.problem, self.flag = source, key, problem, flag
+        self.problems: tuple[ConfigError, ...] = (self, *more)
+        where = flag or key
+        line = f"{source}: {where}: {problem}" if where else f"{source}: {problem}"
+        super().__init__("\n  ".join([line, *(str(e) for e in more)]))  # a line per problem
+
+
+# The flag that sets a key, so a bad flag is blamed on the flag, never on the file or the defaults.
+FLAGS = {
+    "agent.listen": "--listen",
+    "agent.web_config": "--web-config",
+    "agent.backend": "--backend",
+    "agent.log_level": "--log-level",
+    "agent.poll_interval_seconds": "--poll-interval",
+    "agent.state_dir": "--state-dir",
+    "agent.disable_collectors": "--disable-collector",
+    "simulated.scenario": "--scenario",
+    "simulated.vendor": "--vendor",
+    "simulated.gpus": "--gpus",
+    "probe.interval_seconds": "--probe-interval",
+}
+
+
+class _Problems:
+    """Every problem of one load, each blamed on the flag that set its key where a flag did."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.flags: dict[str, str] = {}  # key -> the flag that set it ("" for an override no flag names)
+        self.found: list[ConfigError] = []
+
+    def add(self, key: str, problem: str, source: str | None = None) -> None:
+        flag = self.flags.get(key)
+        source = "command line" if flag is not None else source or self.source
+        self.found.append(ConfigError(source, key, problem, flag=flag or ""))
+
+    def catch(self, error: ConfigError) -> None:
+        self.add(error.key, error.problem, error.source)
+
+    def raise_any(self) -> None:
+        if self.found:
+            first, *rest = self.found
+            raise ConfigError(first.source, first.key, first.problem, flag=first.flag, more=tuple(rest))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,19 +180,23 @@ def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None =
             raise ConfigError(source, "", "file not found; create it or pass --config with an existing file") from None
         except TomlFileError as exc:
             raise ConfigError(source, "", str(exc)) from None
+    problems = _Problems(source)
     sections: dict[str, Any] = {}
     for name, value in raw.items():
         if name not in _SECTIONS:
-            raise ConfigError(source, f"[{name}]", _unknown("section", name, _SECTIONS))
-        if not isinstance(value, dict):
-            raise ConfigError(source, name, f"must be a [{name}] table, got {type(value).__name__}")
-        sections[name] = _build_section(source, name, _SECTIONS[name], value)
+            problems.add(f"[{name}]", _unknown("section", name, _SECTIONS))
+        elif not isinstance(value, dict):
+            problems.add(name, f"must be a [{name}] table, got {type(value).__name__}")
+        else:
+            sections[name] = _build_section(source, name, _SECTIONS[name], value, problems)
     for name, values in (overrides or {}).items():
+        problems.flags.update({f"{name}.{key}": FLAGS.get(f"{name}.{key}", "") for key in values})
         current = sections.get(name, _SECTIONS[name]())
-        replaced = {**dataclasses.asdict(current), **values}
-        sections[name] = _build_section("command line", name, _SECTIONS[name], replaced)
+        given = _build_section("command line", name, _SECTIONS[name], values, problems)
+        sections[name] = dataclasses.replace(current, **{k: getattr(given, k) for k in values if hasattr(given, k)})
     config = Config(**sections, source=source)
-    _validate(config)
+    _validate(config, problems)
+    problems.raise_any()
     return config
 
 
@@ -158,13 +206,17 @@ def _unknown(kind: str, name: str, known: Any) -> str:
     return f"unknown {kind}{hint}"
 
 
-def _build_section(source: str, section: str, cls: type[Any], values: dict[str, Any]) -> Any:
+def _build_section(source: str, section: str, cls: type[Any], values: dict[str, Any], problems: _Problems) -> Any:
     hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(source, f"{section}.{key}", _unknown("key", key, hints))
-        kwargs[key] = _coerce(source, f"{section}.{key}", hints[key], value)
+            problems.add(f"{section}.{key}", _unknown("key", key, hints), source)
+            continue
+        try:
+            kwargs[key] = _coerce(source, f"{section}.{key}", hints[key], value)
+        except ConfigError as exc:
+            problems.catch(exc)
     return cls(**kwargs)
 
 
@@ -200,12 +252,12 @@ def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
     return value
 
 
-def _validate(config: Config) -> None:
-    src, agent = config.source, config.agent
+def _validate(config: Config, problems: _Problems) -> None:
+    agent = config.agent
 
     def check(ok: bool, key: str, problem: str) -> None:
         if not ok:
-            raise ConfigError(src, key, problem)
+            problems.add(key, problem)
 
     check(agent.backend in BACKENDS, "agent.backend", f"must be one of {', '.join(BACKENDS)}")
     check(agent.log_level in LOG_LEVELS, "agent.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
@@ -226,7 +278,7 @@ def _validate(config: Config) -> None:
     try:
         parse_listen(agent.listen)
     except ValueError as exc:
-        raise ConfigError(src, "agent.listen", str(exc)) from None
+        check(False, "agent.listen", str(exc))
     sim = config.simulated
     check(sim.vendor in VENDORS, "simulated.vendor", f"must be one of {', '.join(VENDORS)}")
     check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
@@ -240,25 +292,29 @@ def _validate(config: Config) -> None:
         "must be between 1 and 10000 watts",
     )
     _validate_probe(config.probe, check)
-    _validate_host(config)
+    _validate_host(config, check)
 
 
-def _validate_host(config: Config) -> None:
+def _validate_host(config: Config, check: Any) -> None:
     from gpuwatch.host.sensormap import SensorMapError, load_sensor_maps
 
-    host, src = config.host, config.source
-    if host.ipmi not in ("auto", "on", "off"):
-        raise ConfigError(src, "host.ipmi", "must be one of auto, on, off")
-    if not 0.5 <= host.hwmon_interval_seconds <= 3600:
-        raise ConfigError(src, "host.hwmon_interval_seconds", "must be between 0.5 and 3600 seconds")
-    if not 5 <= host.ipmi_interval_seconds <= 3600:
-        raise ConfigError(src, "host.ipmi_interval_seconds", "must be between 5 and 3600 seconds")
-    if not 1 <= host.ipmi_timeout_seconds < host.ipmi_interval_seconds:
-        raise ConfigError(src, "host.ipmi_timeout_seconds", "must be at least 1 s and below host.ipmi_interval_seconds")
+    host = config.host
+    check(host.ipmi in ("auto", "on", "off"), "host.ipmi", "must be one of auto, on, off")
+    check(
+        0.5 <= host.hwmon_interval_seconds <= 3600,
+        "host.hwmon_interval_seconds",
+        "must be between 0.5 and 3600 seconds",
+    )
+    check(5 <= host.ipmi_interval_seconds <= 3600, "host.ipmi_interval_seconds", "must be between 5 and 3600 seconds")
+    check(
+        1 <= host.ipmi_timeout_seconds < host.ipmi_interval_seconds,
+        "host.ipmi_timeout_seconds",
+        "must be at least 1 s and below host.ipmi_interval_seconds",
+    )
     try:
         load_sensor_maps(host.sensor_maps)
     except SensorMapError as exc:
-        raise ConfigError(src, "host.sensor_maps", str(exc)) from None
+        check(False, "host.sensor_maps", str(exc))
 
 
 def _validate_probe(probe: ProbeSection, check: Any) -> None:
