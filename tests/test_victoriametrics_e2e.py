@@ -337,6 +337,79 @@ def test_shipped_units_verify() -> None:
         assert done.returncode == 0 and not done.stderr.strip(), (unit, done.stderr)
 
 
+# (metric, labels) of the counters the increase()-based alerts read; `and rate(...) > 0` guards each of them.
+COUNTER_ALERTS = {
+    "GpuPowerBrakeSlowdown": ("gpuwatch_gpu_throttle_seconds_total", 'reason="hw_power_brake"'),
+    "GpuPcieFatalErrors": ("gpuwatch_gpu_pcie_errors_total", 'type="fatal"'),
+    "GpuPcieNonFatalErrors": ("gpuwatch_gpu_pcie_errors_total", 'type="non_fatal"'),
+    "GpuEccUncorrectable": ("gpuwatch_gpu_ecc_errors_total", 'type="uncorrected"'),
+    "GpuReset": ("gpuwatch_gpu_reset_events_total", ""),
+}
+# GpuProbeFailing compares floor(increase over 6 h) with a threshold: the probe counters exist from the agent's start,
+# so no new series is counted from 0 there; the others alert on "> 0", where that would fire at a node's first scrapes.
+INCREASE_UNGUARDED = {"GpuProbeFailing"}
+
+
+def test_every_increase_alert_is_guarded_by_rate() -> None:
+    """`increase(x[w]) > 0` alone fires on VictoriaMetrics for a node seen for the first time whose counters are
+    already above 0 (MetricsQL counts a series new in the window from 0): each such rule also asks `rate(x[w]) > 0`,
+    which means the same on Prometheus (increase = rate x window) and is 0 there on VictoriaMetrics."""
+    alerts = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())
+    by_name = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
+    with_increase = {name for name, expr in by_name.items() if "increase(" in expr}
+    assert with_increase - INCREASE_UNGUARDED == set(COUNTER_ALERTS)
+    for name in COUNTER_ALERTS:
+        expr = " ".join(by_name[name].split())
+        increase, _, guard = expr.partition(" and ")
+        assert guard == increase.replace("increase(", "rate(") and increase.endswith("> 0"), (name, expr)
+
+
+def test_counter_alerts_quiet_on_a_new_node_with_lifetime_counts(tmp_path: Path) -> None:
+    """On a real victoria-metrics: a node first scraped 5 minutes ago, its counters constant at their lifetime counts
+    (5), raises none of the counter alerts; a counter that grows does; and the unguarded `increase() > 0` would have
+    fired on the constant one (the difference the guard is there for)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *("victoria-metrics", f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}"),
+            *("-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=ERROR"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _poll(
+            "victoria-metrics up",
+            lambda: urllib.request.urlopen(f"{url}/health", timeout=2).status == 200,
+            time.monotonic() + 30,
+        )
+        now = int(time.time())
+        lines = []
+        for metric, labels in COUNTER_ALERTS.values():
+            for node, start, step in (("node-new", 5, 0), ("node-erring", 5, 1)):
+                base = f'instance="{node}:9845",node="{node}",gpu="0",uuid="GPU-{node}"' + (
+                    f",{labels}" if labels else ""
+                )
+                lines += [f"{metric}{{{base}}} {start + i * step} {(now - 300 + 15 * i) * 1000}" for i in range(21)]
+        request = urllib.request.Request(f"{url}/api/v1/import/prometheus", data="\n".join(lines).encode())
+        urllib.request.urlopen(request, timeout=10).close()
+        urllib.request.urlopen(f"{url}/internal/force_flush", timeout=10).close()
+        alerts = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())
+        by_name = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
+
+        def nodes(expr: str) -> set[str]:
+            params = urllib.parse.urlencode({"query": expr, "time": str(now)})
+            return {r["metric"].get("node", "") for r in _get(f"{url}/api/v1/query?{params}")["data"]["result"]}
+
+        _poll("the imported samples", lambda: bool(nodes("gpuwatch_gpu_reset_events_total")), time.monotonic() + 30)
+        for name, (metric, labels) in COUNTER_ALERTS.items():
+            assert nodes(by_name[name]) == {"node-erring"}, name
+            assert nodes(f"increase({metric}{{{labels}}}[10m]) > 0") == {"node-new", "node-erring"}, name
+    finally:
+        _stop(proc)
+
+
 def _on_alert_nodes(alerts: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, str]]:
     return {a for a in alerts if int(a[1].removeprefix("node-")) < ALERT_NODES}
 
