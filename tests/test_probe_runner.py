@@ -278,9 +278,14 @@ def test_probe_scenarios_show_the_slow_gpu_within_a_few_probe_intervals(
         for _ in range(6):  # 5 healthy probes learn the baselines, then the fault shows
             sim.probe_round()
             sim.run(10.0)
+        held_down = 2 if scenario == "mixed" else None  # mixed's GPU 2 overheats at idle: never probed
         for gpu in range(8):
             flops = sim.value("gpuwatch_probe_flops", gpu, dtype="bf16")
             baseline = sim.value("gpuwatch_probe_baseline_flops", gpu, dtype="bf16")
+            if gpu == held_down:  # probed before it heats up, then skipped: never 5 probes for a baseline
+                assert baseline is None
+                assert (sim.value("gpuwatch_probe_runs_total", gpu, result="skipped_busy") or 0) >= 4
+                continue
             assert flops is not None and baseline is not None
             assert 650e12 < baseline < 730e12  # the median of healthy H100 probes at the power cap
             ratio = flops / baseline
@@ -410,3 +415,35 @@ def test_an_amd_worker_is_pinned_with_a_token_rocr_takes(tmp_path: Path) -> None
         assert json.loads(seen.read_text()) == {"ROCR_VISIBLE_DEVICES": f"GPU-{unique_id:016X}"}
     finally:
         sim.close()
+
+
+def test_a_gpu_whose_clocks_are_held_down_is_not_probed_and_teaches_no_baseline(sim: SimAgent, tmp_path: Path) -> None:
+    """A GPU in thermal slowdown (or power brake) at idle would measure the slowdown, not itself (nvml.h clock event
+    reasons SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80, HwSlowdown 0x8): it is
+    skipped with the reason, its peers are probed, and its baseline never learns from a throttled run."""
+    snap = sim.agent.store.snapshot()
+    hot = [
+        _reading(snap.identities[u], dataclasses.replace(s, throttle_active={**s.throttle_active, "sw_thermal": True}))
+        for u, s in snap.samples.items()
+        if snap.identities[u].index == 1
+    ]
+    sim.agent.store.record_poll(hot)
+    outcomes = runner(sim, tmp_path).run()
+    assert [o.result for o in outcomes] == ["ok", "skipped_busy"]
+    assert "clocks held down (sw_thermal)" in outcomes[1].reason
+
+
+def test_a_slow_gpu_is_a_warning_once_and_its_recovery_a_line(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator acts on a GPU below its baseline (GpuUnderperforming's 0.95): one WARNING, not one per probe, and
+    an INFO line when it is back."""
+    from gpuwatch.probe.readings import SpeedLog
+
+    speed = SpeedLog()
+    with caplog.at_level(logging.INFO, logger="gpuwatch.probe.runner"):
+        for ratio in (0.99, 0.80, 0.81, 0.82, 0.99, 0.99):
+            speed.judge(6, "GPU-6", ratio)
+    levels = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert levels == [
+        ("WARNING", "probe on GPU 6 computes 80 % of its own baseline"),
+        ("INFO", "probe on GPU 6 is back at 99 % of its baseline"),
+    ]

@@ -3,11 +3,15 @@ whether its power limit is observable and reached, the telemetry of a run, and t
 
 from __future__ import annotations
 
+import logging
 from statistics import fmean
 
 from gpuwatch.model import GpuSample
 from gpuwatch.probe.baseline import Baseline
 from gpuwatch.probebook import Telemetry
+from gpuwatch.thresholds import runbook_url, threshold
+
+log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
 
 UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", "prohibited"})
 CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
@@ -51,3 +55,38 @@ def _previous(baseline: Baseline | None) -> tuple[str, float] | None:
     if baseline is None or baseline.previous_key is None or baseline.previous_flops is None:
         return None
     return baseline.previous_key.dtype, baseline.previous_flops
+
+
+# Reasons that hold a GPU's clocks down for something other than the probe's own load: a probe now would measure
+# the throttling (reported by the telemetry alerts already), and a baseline must never learn from it.
+_HELD_DOWN = ("sw_thermal", "hw_thermal", "hw_power_brake", "hw_slowdown")
+
+
+def held_down(sample: GpuSample) -> str | None:
+    """Why this GPU is not probed now: a thermal or power slowdown holds its clocks down at idle."""
+    active = [reason for reason in _HELD_DOWN if sample.throttle_active.get(reason)]
+    if not active:
+        return None
+    return f"clocks held down ({', '.join(active)}): a probe would measure the slowdown, not the GPU"
+
+
+class SpeedLog:
+    """A GPU slower than its baseline is the operator's to act on: a warning once, and a line when it recovers
+    (the same ratio as GpuUnderperforming, gpuwatch.thresholds)."""
+
+    def __init__(self) -> None:
+        self._slow: set[str] = set()
+
+    def judge(self, index: int, uuid: str, ratio: float) -> None:
+        slow = ratio < threshold("probe_baseline_ratio")
+        if slow and uuid not in self._slow:
+            self._slow.add(uuid)
+            log.warning(
+                "probe on GPU %d computes %.0f %% of its own baseline: check its clocks, power and temperature (%s)",
+                index,
+                ratio * 100,
+                runbook_url("GpuUnderperforming"),
+            )
+        elif not slow and uuid in self._slow:
+            self._slow.discard(uuid)
+            log.info("probe on GPU %d is back at %.0f %% of its baseline", index, ratio * 100)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-from gpuwatch.config import Config, ProbeSection
+from gpuwatch.config import ProbeSection
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, BaselineKey, Baselines, Mode
 from gpuwatch.probe.children import (
@@ -43,11 +43,13 @@ from gpuwatch.probe.children import (
 from gpuwatch.probe.engines import available_engines
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.readings import (
+    SpeedLog,
     _at_power_cap,
     _power_observable,
     _previous,
     _telemetry,
     _unsupported,
+    held_down,
 )
 from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
 from gpuwatch.probebook import ProbeOutcome, WorkerResult
@@ -100,6 +102,7 @@ class ProbeRunner:
         self._children_lock = threading.Lock()
         self._stopping = threading.Event()
         self._stuck: list[_Child] = []  # children that survived SIGKILL, reaped with poll() in later rounds
+        self._speed = SpeedLog()  # a slow GPU warned once, until it recovers
 
     # --- entry points ----------------------------------------------------------------------------------------
 
@@ -150,6 +153,8 @@ class ProbeRunner:
                 to_run.append((identity, sample, identity.uuid in busy))
             elif identity.uuid in busy:
                 outcomes.append(self._outcome(identity, "skipped_busy", busy[identity.uuid]))
+            elif (held := held_down(sample)) is not None:  # this GPU only: its peers are still worth probing
+                outcomes.append(self._outcome(identity, "skipped_busy", held))
             elif self.settings.require_idle_node and node_busy:
                 outcomes.append(
                     self._outcome(identity, "skipped_busy", "the node is busy (" + "; ".join(node_busy) + ")")
@@ -459,6 +464,8 @@ class ProbeRunner:
         self._store.probe.set_baseline(identity.uuid, key.dtype, flops, _previous(baseline) if same else None)
         if note:
             log.info("probe on GPU %d: %s", identity.index, note)
+        if flops and not child.explicit_busy:
+            self._speed.judge(identity.index, identity.uuid, measured.flops_median / flops)
         passed_over = doc.get("engines_passed_over")
         fallback = "; ".join(str(p) for p in passed_over) if isinstance(passed_over, list) else ""
         if fallback:
@@ -485,15 +492,3 @@ class ProbeRunner:
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
-
-
-def agent_probe_runner(
-    config: Config,
-    store: SampleStore,
-    simulated_slowdown: Mapping[int, float] | None,
-    clock: Callable[[], float] = time.time,
-) -> ProbeRunner | None:
-    """The agent's runner, or None when the probe is off (interval 0 or --disable-collector probe)."""
-    if config.probe.interval_seconds <= 0 or "probe" in config.agent.disable_collectors:
-        return None
-    return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)
