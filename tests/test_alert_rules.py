@@ -60,6 +60,18 @@ def test_every_spec_alert_exists_with_its_severity_and_annotations() -> None:
         assert anchor == name.lower() and anchor in anchors, f"{name}: no section {anchor} in docs/runbooks.md"
 
 
+def test_summaries_name_the_node_not_the_scrape_address() -> None:
+    """A page says which machine: the `node` label (deploy/prometheus/prometheus.yml sets it from the targets file or
+    the target's host), falling back to `instance` where a scrape config has no node label. Only the fleet-wide
+    alert, about a GPU model rather than a machine, names none."""
+    for rule in shipped_alert_rules():
+        summary = rule["annotations"]["summary"]
+        if rule["alert"] == "GpuProbeRegressionFleetwide":
+            continue
+        assert "{{ or $labels.node $labels.instance }}" in summary, rule["alert"]
+        assert summary.count("$labels.instance") == 1, rule["alert"]
+
+
 def test_inhibition_targets_carry_the_labels_they_are_matched_on() -> None:
     """An inhibition whose target lacks an `equal` label can never match (GpuProbeRegressionFleetwide has only
     `model`): the labels of each alert are read from what the synthetic rule tests expect it to carry."""
