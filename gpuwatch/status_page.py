@@ -26,6 +26,7 @@ from gpuwatch.verdict import (
     BENIGN_REASONS,
     LEVELS,
     Finding,
+    ago,
     judge_gpu,
     judge_host,
     judge_rail,
@@ -316,16 +317,16 @@ def _probe_cell(v: GpuView) -> str:
     last = probe.last_any.get(v.identity.uuid)
     if last is None:
         return '<span class="muted">not yet</span>'
-    ago = f"<small>{_ago(v.snap.now - last.timestamp)} ago</small>"
+    when = f"<small>{ago(v.snap.now - last.timestamp)} ago</small>"
     ratio = _probe_ratio(v)
     if last.result != "ok":
         why = f": {html.escape(last.reason)}" if last.reason else ""
-        return f"{html.escape(last.result.replace('_', ' '))}{why}<br>{ago}"
+        return f"{html.escape(last.result.replace('_', ' '))}{why}<br>{when}"
     if last.measured is None:
-        return f"ok<br>{ago}"
+        return f"ok<br>{when}"
     tflops = f"{last.measured.flops_median / 1e12:.0f} TFLOP/s {html.escape(last.measured.dtype)}"
     share = "" if ratio is None else f"<br><small>{ratio:.0%} of baseline</small>"
-    return f"{tflops}{share}<br>{ago}"
+    return f"{tflops}{share}<br>{when}"
 
 
 def _pcie_cell(v: GpuView) -> str:
@@ -336,14 +337,6 @@ def _pcie_cell(v: GpuView) -> str:
         return '<span class="muted">–</span>'
     now = f"gen {gen.get('current', '–')} x{width.get('current', '–')}"
     return f"{now} <small>/ gen {gen.get('max', '–')} x{width.get('max', '–')}</small>"
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{max(seconds, 0):.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"
 
 
 Cell = Callable[[GpuView], str]
@@ -429,11 +422,11 @@ def _probe_line(snap: StoreSnapshot) -> str:
         return (
             f"Probe: every {interval:g} s on idle GPUs; no result yet (the first round runs about one interval after "
             f"start). A GPU's baseline needs {PROBES_TO_ESTABLISH} steady probes, about "
-            f"{_ago(PROBES_TO_ESTABLISH * interval)}; the page compares with its peers before that."
+            f"{ago(PROBES_TO_ESTABLISH * interval)}; the page compares with its peers before that."
         )
     return (
         f"Probe: every {interval:g} s on idle GPUs; {results} GPUs probed, {baselines} with a baseline "
-        f"({PROBES_TO_ESTABLISH} steady probes each, about {_ago(PROBES_TO_ESTABLISH * interval)})."
+        f"({PROBES_TO_ESTABLISH} steady probes each, about {ago(PROBES_TO_ESTABLISH * interval)})."
     )
 
 

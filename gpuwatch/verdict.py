@@ -315,7 +315,7 @@ def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Findi
         cls = xid_class(code)
         label = "other" if code < 0 else str(code)
         times = f" ×{total}" if total > 1 else ""
-        text = f"XID {label}{times} ({xid_meaning(code)}) {_ago(age)} ago"
+        text = f"XID {label}{times} ({xid_meaning(code)}) {ago(age)} ago"
         if cls == "critical":
             out.append(Finding("bad", "GpuXidCritical", text, "drain the GPU and reset it (or reboot the node)"))
         elif cls == "warning":
@@ -390,7 +390,8 @@ def judge_host(samples: Iterable[HostSample]) -> list[Finding]:
     return out
 
 
-def _ago(seconds: float) -> str:
+def ago(seconds: float) -> str:
+    """A duration as a person reads it: 45 s, 12 min, 3 h."""
     if seconds < 120:
         return f"{max(seconds, 0):.0f} s"
     if seconds < 7200:
