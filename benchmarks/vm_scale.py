@@ -33,7 +33,6 @@ import json
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,28 +50,9 @@ PROM_DIR = REPO / "deploy" / "prometheus"
 VM_DIR = REPO / "deploy" / "victoriametrics"
 RULES = [PROM_DIR / "gpuwatch-rules.yml", PROM_DIR / "gpuwatch-alerts.yml"]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port_range(n: int) -> int:
-    for base in range(20000, 32000 - n, 97):
-        try:
-            socks = []
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_cost import free_port  # noqa: E402
+from scale import free_port_range  # noqa: E402
 
 
 def get(url: str, timeout: float = 10) -> bytes:
@@ -118,6 +98,18 @@ def rss_mib(*procs: subprocess.Popen[bytes]) -> float:
 def cpu(*procs: subprocess.Popen[bytes]) -> list[float]:
     """user+system CPU seconds of each process so far."""
     return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs]
+
+
+def disk_row(series: int, rows: int, data: int, index: int) -> dict[str, Any]:
+    """The disk columns of a store's row: bytes per stored sample and per series."""
+    return {
+        "series": series,
+        "rows_stored": rows,
+        "data_bytes": data,
+        "index_bytes": index,
+        "data_bytes_per_sample": round(data / rows, 3),
+        "index_bytes_per_series": round(index / series),
+    }
 
 
 def du(path: Path) -> int:
@@ -249,15 +241,7 @@ def bench_vm(args: argparse.Namespace, run: Run, targets: Path, nodes: int) -> d
     stored_rows = total(m, "vm_rows", 'type="storage/')
     series = json.loads(get(f"{vm}/api/v1/series/count"))["data"][0]
     data, index = du(tmp / "vmdata" / "data"), du(tmp / "vmdata" / "indexdb")
-    out |= {
-        "series": series,
-        "rows_stored": stored_rows,
-        "data_bytes": data,
-        "index_bytes": index,
-        "data_bytes_per_sample": round(data / stored_rows, 3),
-        "index_bytes_per_series": round(index / series),
-    }
-    return out
+    return out | disk_row(series, stored_rows, data, index)
 
 
 def outage(
@@ -381,15 +365,7 @@ def bench_prometheus(args: argparse.Namespace, run: Run, targets: Path, nodes: i
     series = total(metrics(recv), "prometheus_tsdb_head_series")
     index = sum(f.stat().st_size for f in snap.rglob("index"))
     data = du(snap) - index
-    out |= {
-        "series": series,
-        "rows_stored": samples,
-        "data_bytes": data,
-        "index_bytes": index,
-        "data_bytes_per_sample": round(data / samples, 3),
-        "index_bytes_per_series": round(index / series),
-    }
-    return out
+    return out | disk_row(series, samples, data, index)
 
 
 def main() -> int:
@@ -418,7 +394,7 @@ def main() -> int:
                 "fleet",
                 [
                     *(sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", str(args.nodes)),
-                    *("--gpus", str(args.gpus), "--port-base", str(free_port_range(args.nodes))),
+                    *("--gpus", str(args.gpus), "--port-base", str(free_port_range(args.nodes, end=32000))),
                     *("--targets", str(targets), "--poll-interval", str(args.interval), "--nodes-per-process", "50"),
                     *("--state-dir", str(tmp / "state")),
                 ],
