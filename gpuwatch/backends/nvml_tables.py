@@ -176,11 +176,14 @@ def _hashable(args: tuple[Any, ...]) -> tuple[Hashable, ...]:
     return tuple(_arg_key(arg) for arg in args)
 
 
+_BYREF = type(ctypes.byref(ctypes.c_int()))  # ctypes' CArgObject, which it does not export
+
+
 def _arg_key(arg: Any) -> Hashable:
     if isinstance(arg, ctypes._Pointer):
         return ("pointer", ctypes.cast(arg, ctypes.c_void_p).value)
-    if type(arg).__name__ == "CArgObject":  # byref(struct): a fresh struct each call, the same question
-        return ("byref", type(arg._obj).__name__)
+    if isinstance(arg, _BYREF):  # byref(struct): a fresh struct each call, the same question
+        return ("byref", type(getattr(arg, "_obj", None)).__name__)
     if isinstance(arg, list):
         return tuple(arg)
     try:
