@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import free_port
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.agent import Agent

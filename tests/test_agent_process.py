@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 

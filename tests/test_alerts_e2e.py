@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port_range
+from ports import free_port_range
 from promrules import PROM_DIR, ROOT
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from ports import free_port
 
 GOLDEN = Path(__file__).parent / "golden"
 LINE = re.compile(r"\[(ok|warn|FAIL)\] \S.*?: \S.*")

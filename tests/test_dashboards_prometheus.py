@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port, free_port_range
 from dashboard_queries import REPO, PanelQuery, dashboards, panels, queries, substitute
+from ports import free_port, free_port_range
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3

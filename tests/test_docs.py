@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 import yaml
-from conftest import REPO
+from repofiles import REPO
 
 from gpuwatch.metrics import CATALOGUE
 

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port_range
+from ports import free_port_range
 
 from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault
 from gpuwatch.simulated.scenarios import SimulatedNode

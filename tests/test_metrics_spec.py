@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import SPEC_NAMES, spec_names
+from repofiles import SPEC_NAMES, spec_names
 
 from gpuwatch.metrics import CATALOGUE, COLLECTORS
 

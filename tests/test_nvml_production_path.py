@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import free_port
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 LAUNCHER = textwrap.dedent(

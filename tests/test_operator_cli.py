@@ -40,7 +40,7 @@ def test_the_probe_scenarios_probe_often_under_run() -> None:
 
 
 def test_run_says_what_to_expect_from_the_probe(tmp_path: Path) -> None:
-    from conftest import free_port
+    from ports import free_port
 
     proc = subprocess.Popen(
         [

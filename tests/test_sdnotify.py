@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from ports import free_port
 from simnode import SimAgent
 
 from gpuwatch.sdnotify import SdNotifier, ServiceNotifier, watchdog_seconds

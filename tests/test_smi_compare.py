@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import REPO
+from repofiles import REPO
 
 SCRIPT = REPO / "benchmarks" / "hardware" / "smi_compare.py"
 FIXTURES = REPO / "tests" / "fixtures" / "h100"

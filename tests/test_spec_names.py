@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import pytest
-from conftest import SPEC_NAMES, spec_names
+from repofiles import SPEC_NAMES, spec_names
 
 from gpuwatch.cli import build_parser
 

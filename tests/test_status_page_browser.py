@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cdp import Browser, save
-from conftest import free_port
+from ports import free_port
 
 
 def _chromium() -> str:

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port, free_port_range
 from dashboard_queries import queries, substitute
+from ports import free_port, free_port_range
 from promrules import PROM_DIR, ROOT
 from test_alerts_e2e import (
     EXPECTED,

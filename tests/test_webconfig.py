@@ -19,11 +19,11 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from conftest import free_port
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from ports import free_port
 from prometheus_client import CollectorRegistry
 
 from gpuwatch.config import ConfigError
