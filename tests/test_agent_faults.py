@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from simnode import SimAgent
 
 from gpuwatch.agent import Agent
 from gpuwatch.config import load_config
@@ -179,3 +180,18 @@ def test_a_backend_that_fails_to_open_with_a_bug_is_down_with_backoff(
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert len(tracebacks) == 1
     assert agent.registry.get_sample_value("gpuwatch_backend_up", {"backend": "nvml"}) == 0.0
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_losing_gpu_0_never_stops_the_other_gpus(tmp_path: Path, vendor: str) -> None:
+    """Found in review: the AMD backend's driver-version check asked GPU 0 only, so losing GPU 0 stopped the other
+    GPUs' polls; it asks the first GPU that answers."""
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=4, vendor=vendor)
+    sim.run(2.0)
+    sim.node.faults.lose_gpu(0)
+    sim.run(70.0)  # past two slow polls: the driver-version check asks a GPU too
+    assert sim.value("gpuwatch_gpu_up", 0) == 0.0
+    for gpu in (1, 2, 3):
+        assert sim.value("gpuwatch_gpu_up", gpu) == 1.0, gpu
+    assert sim.agent.health()[0]
+    sim.close()

@@ -106,3 +106,10 @@ def test_example_config_is_valid_and_complete() -> None:
     for section in ("agent", "simulated", "gpus", "xid"):
         for f in fields(getattr(config, section)):
             assert f"{f.name} =" in text, f"{section}.{f.name} is not documented in {example.name}"
+
+
+def test_unknown_scenario_is_a_config_error() -> None:
+    """Found in review: an unknown simulated.scenario passed validation; now a ConfigError naming the key (exit 78)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"simulated": {"scenario": "nosuch"}})
+    assert info.value.key == "simulated.scenario"

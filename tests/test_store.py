@@ -165,3 +165,15 @@ def test_collector_status_and_backend_up() -> None:
     assert value(registry, "gpuwatch_collector_errors_total", collector="nvml") == 1.0
     assert value(registry, "gpuwatch_collector_last_run_timestamp_seconds", collector="nvml") == clock.now
     assert value(registry, "gpuwatch_backend_up", backend="nvml") == 0.0
+
+
+def test_xids_stay_exported_after_the_gpu_is_lost() -> None:
+    """Found in review: a lost GPU's XID series vanished with its readings, though an XID 79 usually comes with the GPU
+    going lost."""
+    store, _clock, registry = setup()
+    gpu = GpuIdentity("GPU-x", "nvidia", 0)
+    store.add_events([GpuEvent("GPU-x", "xid", 999_999.0, code=79, source="nvml")])
+    store.record_poll([GpuReading(gpu, None, "the GPU is lost")])
+    labels = {"gpu": "0", "uuid": "GPU-x", "xid": "79"}
+    assert value(registry, "gpuwatch_gpu_up", gpu="0", uuid="GPU-x") == 0.0
+    assert registry.get_sample_value("gpuwatch_gpu_xid_last_timestamp_seconds", labels) == 999_999.0

@@ -81,3 +81,18 @@ def test_nvswitch_sxids_are_exported_per_switch_and_code(tmp_path: Path) -> None
     stamped = sim.value("gpuwatch_nvswitch_sxid_last_timestamp_seconds", pci_bus_id="0000:07:00", sxid="20034")
     assert stamped == BOOT + 1.0  # the backlog keeps kernel time: a restart re-reads it and moves nothing
     sim.close()
+
+
+def test_kernel_xids_logged_before_the_gpu_is_known_are_kept(tmp_path: Path) -> None:
+    """Found in review: an XID read while the driver was not loaded (no GPU known yet) was dropped; it waits now."""
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    boot = START_WALL - 60.0
+    sim = SimAgent(tmp_path / "state", scenario="backend_down", kernel_log=KernelLogXidReader(log, boot_time=boot))
+    log.write_text(kmsg_line(1, 50.0, kernel_bus(sim, 2), 79))
+    sim.run(3.0)  # the driver is not loaded: no GPU is known yet, the XID waits
+    sim.node.faults.set_library_missing(False)
+    sim.run(70.0)
+    assert sim.value("gpuwatch_gpu_xid_errors_total", 2, xid="79") == 1.0
+    assert sim.value("gpuwatch_gpu_xid_last_timestamp_seconds", 2, xid="79") == boot + 50.0
+    sim.close()
