@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 from hostfixtures import exported
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch.host.ipmi import (
+    THRESHOLDS,
     IpmiError,
     IpmiReader,
     IpmiSensor,
+    PsuState,
     parse_psu_states,
     parse_sensor_list,
     psu_power_from_sensors,
@@ -345,3 +349,100 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
 
     absent = IpmiReader(ipmitool=str(tool), device=tmp_path / "no-ipmi0")  # no device at all: still just info
     assert check_host([HostSource("ipmi", absent, 60.0, absent.usable)], ["hwmon"])[0][0] == "info"
+
+
+# --- properties: `ipmitool sensor` and `sdr type "Power Supply"` as ipmitool prints them -----------------------
+# ipmitool's lib/ipmi_sensor.c prints a threshold sensor as "%-16s | %-10.3f | %-10s | %-6s" and the six thresholds
+# "| %-10.3f" each, "na" where there is none; lib/ipmi_sdr.c prints a supply as "name | id | status | entity | states".
+
+PROPERTY = settings(max_examples=60, deadline=None)
+# A BMC's name or state text: anything printable but the column separator (a line break would end the line).
+FIELD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"), blacklist_characters="|"), max_size=24)
+NAME = FIELD.filter(lambda name: name.strip() != "")
+READING = st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False))
+UNIT = st.sampled_from(["Volts", "degrees C", "RPM", "Watts", "Amps", "percent", "CFM"])
+STATUS = st.sampled_from(["ok", "nc", "cr", "nr", "na", "ns", "OK", "Not Readable"])
+
+
+def sensor_line(name: str, value: float | None, unit: str, status: str, thresholds: list[float | None]) -> str:
+    def column(number: float | None) -> str:
+        return "na" if number is None else repr(number)
+
+    return " | ".join([f"{name:<16}", f"{column(value):<10}", f"{unit:<10}", f"{status:<6}", *map(column, thresholds)])
+
+
+SENSOR = st.tuples(NAME, READING, UNIT, STATUS, st.lists(READING, min_size=6, max_size=6))
+Sensor = tuple[str, float | None, str, str, list[float | None]]
+# What ipmitool prints besides sensors: warnings, blank lines, a header; never ten columns.
+NOT_A_SENSOR = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=60).filter(
+    lambda line: line.count("|") < 9
+)
+
+
+@PROPERTY
+@given(st.text(max_size=400))
+def test_property_sensor_and_psu_parsers_never_raise(text: str) -> None:
+    for sensor in parse_sensor_list(text):
+        assert sensor.value is None or abs(sensor.value) < float("inf")
+        assert all(abs(v) < float("inf") for v in sensor.thresholds.values())
+    voltages, temperatures, fans = readings_from_sensors(parse_sensor_list(text))
+    assert all(abs(r) < float("inf") for r in [v.volts for v in voltages] + [t.value for t in temperatures + fans])
+    for psu in parse_psu_states(text):
+        assert isinstance(psu.failed, bool) and isinstance(psu.present, bool)
+
+
+@PROPERTY
+@given(st.lists(st.tuples(SENSOR, st.lists(NOT_A_SENSOR, max_size=2)), max_size=8))
+def test_property_sensor_lines_parse_back_and_other_lines_are_skipped(lines: list[tuple[Sensor, list[str]]]) -> None:
+    text, expected = [], []
+    for (name, value, unit, status, thresholds), junk in lines:
+        text.append(sensor_line(name, value, unit, status, thresholds))
+        text.extend(junk)
+        limits = {key: v for key, v in zip(THRESHOLDS, thresholds, strict=True) if v is not None}
+        expected.append(IpmiSensor(name.strip(), value, unit, status.lower(), limits))
+    assert parse_sensor_list("\n".join(text)) == expected
+
+
+@PROPERTY
+@given(NAME, st.sampled_from(["na", "nan", "NaN", "inf", "-inf", "Infinity", "0x04", "Not Readable", "disabled", ""]))
+def test_property_a_reading_that_is_no_number_is_none_never_nan_or_inf(name: str, reading: str) -> None:
+    """No reading is ever exported as NaN, ±Inf or 0: "na", a discrete state or a non-finite number is None."""
+    (sensor,) = parse_sensor_list(f"{name} | {reading} | Volts | ok | {reading} | na | na | na | na | {reading}")
+    assert sensor.value is None and sensor.thresholds == {}
+
+
+@PROPERTY
+@given(st.lists(SENSOR, max_size=10))
+def test_property_readings_keep_the_bmc_unit_and_value_and_unique_names(sensors: list[Sensor]) -> None:
+    """IPMI readings come in the unit the BMC states (IPMI 2.0 §43.17 sensor units): degrees C and RPM are exported
+    as read, no scaling; each reading of a kind keeps its own sensor name (Dell's two "Temp" become "Temp #2")."""
+    parsed = parse_sensor_list("\n".join(sensor_line(*sensor) for sensor in sensors))
+    voltages, temperatures, fans = readings_from_sensors(parsed)
+    readable = [s for s in parsed if s.value is not None and s.status not in ("na", "ns")]
+    assert [t.value for t in temperatures] == [s.value for s in readable if s.unit == "degrees C"]
+    assert [f.value for f in fans] == [s.value for s in readable if s.unit == "RPM"]
+    assert {v.volts for v in voltages} <= {s.value for s in readable if s.unit == "Volts"}
+    for readings in ([v.sensor for v in voltages], [t.sensor for t in temperatures], [f.sensor for f in fans]):
+        assert len(set(readings)) == len(readings)
+
+
+PSU_STATES = st.lists(
+    st.sampled_from(["Presence detected", "Failure detected", "Power Supply AC lost", "Predictive failure", "x"]),
+    max_size=3,
+).map(", ".join)
+
+
+@PROPERTY
+@given(st.lists(st.tuples(NAME, st.sampled_from(["ok", "ns", "OK", "nr"]), st.integers(1, 8), PSU_STATES), max_size=6))
+def test_property_psu_lines_parse_back(supplies: list[tuple[str, str, int, str]]) -> None:
+    text = "\n".join(
+        f"{name:<16} | {0x60 + n:02x}h | {status:<3} | 10.{entity} | {states}"
+        for n, (name, status, entity, states) in enumerate(supplies)
+    )
+    expected = [
+        PsuState(name.strip(), f"10.{entity}", status.lower(), states) for name, status, entity, states in supplies
+    ]
+    assert parse_psu_states(text) == expected
+    for state in parse_psu_states(text):
+        assert state.failed == any(s in state.states for s in ("Failure", "AC lost", "Predictive"))
+        assert state.present == (state.status != "ns" and (state.failed or "Presence detected" in state.states))

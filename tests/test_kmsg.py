@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch.kmsg import (
     KernelLogXidReader,
@@ -17,9 +20,10 @@ from gpuwatch.kmsg import (
     KmsgRecord,
     normalize_pci_bus_id,
     parse_record,
+    parse_sxid,
     parse_xid,
 )
-from gpuwatch.xid import OTHER_XID
+from gpuwatch.xid import OTHER_XID, XID_MAX, XID_MIN, fold_xid
 
 BOOT = 1_700_000_000.0
 
@@ -370,3 +374,128 @@ def test_nvswitch_sxids_are_read_apart_from_xids(tmp_path: Path) -> None:
         ("0000:05:00", OTHER_XID, BOOT + 2.0),
     ]
     assert reader.drain_sxids() == []
+
+
+# --- properties -----------------------------------------------------------------------------------
+# The record format is Documentation/ABI/testing/dev-kmsg: "prefix,seq,timestamp,flags[,...];message", the prefix
+# being "level | facility << 3", seq and timestamp (microseconds since boot) u64 decimals; the kernel escapes
+# non-printable bytes of the message as \xNN, so a message is printable ASCII. NVRM prints the GPU as
+# "PCI:%04x:%02x:%02x" (domain, bus, device; VMD domains above 0xffff print as five or more digits).
+
+PROPERTY = settings(max_examples=60, deadline=None)
+U64 = st.integers(0, 2**64 - 1)
+KERNEL_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80)
+PCI_FUNCTIONS = st.tuples(st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
+XID_DIGITS = st.one_of(
+    st.integers(0, 10**6).map(str),
+    st.integers(0, 10**6).map(lambda n: f"000{n}"),
+    st.text("0123456789", min_size=1, max_size=6000),  # a garbled or hostile code: past int()'s 4,300 digits
+)
+
+
+def kernel_bus(domain: int, bus: int, device: int, upper: bool) -> str:
+    text = f"{domain:04x}:{bus:02x}:{device:02x}"
+    return text.upper() if upper else text
+
+
+@PROPERTY
+@given(st.text(max_size=200))
+def test_property_parse_record_never_raises(line: str) -> None:
+    record = parse_record(line)
+    assert record is None or (record.seq >= 0 and record.usec_since_boot >= 0 and "\n" not in record.message)
+
+
+@PROPERTY
+@given(
+    st.integers(0, 191),
+    U64,
+    U64,
+    st.lists(st.sampled_from(["-", "c", "+", "caller=T1234", "caller=C3"]), min_size=1, max_size=3),
+    KERNEL_TEXT,
+)
+def test_property_a_rendered_record_parses_back(prefix: int, seq: int, usec: int, flags: list[str], text: str) -> None:
+    """Semicolons and commas in the message stay in it; extra prefix fields (caller=) are ignored."""
+    line = f"{prefix},{seq},{usec},{','.join(flags)};{text}\n"
+    assert parse_record(line) == KmsgRecord(seq, usec, text, facility=prefix >> 3)
+
+
+@PROPERTY
+@given(st.text(max_size=200))
+def test_property_parse_xid_and_sxid_never_raise_and_keep_the_label_bounded(message: str) -> None:
+    found = parse_xid(message)
+    assert found is None or found[1] == OTHER_XID or XID_MIN <= found[1] <= XID_MAX
+    switch = parse_sxid(message)
+    assert switch is None or switch[1] == OTHER_XID or 1 <= switch[1] <= 99_999
+
+
+@PROPERTY
+@given(
+    PCI_FUNCTIONS, st.booleans(), st.booleans(), st.booleans(), XID_DIGITS, st.sampled_from(["", ",", " "]), KERNEL_TEXT
+)
+def test_property_an_nvrm_xid_line_parses_back(
+    address: tuple[int, int, int, int],
+    pci_prefix: bool,
+    with_function: bool,
+    upper: bool,
+    digits: str,
+    separator: str,
+    tail: str,
+) -> None:
+    domain, bus, device, function = address
+    where = kernel_bus(domain, bus, device, upper) + (f".{function}" if with_function else "")
+    message = f"NVRM: Xid ({'PCI:' if pci_prefix else ''}{where}): {digits}{separator}{tail if separator else ''}"
+    code = fold_xid(int(digits)) if len(digits.lstrip("0")) <= 3 else OTHER_XID
+    assert parse_xid(message) == (f"{domain:04x}:{bus:02x}:{device:02x}", code)
+
+
+@PROPERTY
+@given(PCI_FUNCTIONS)
+def test_property_every_form_of_one_address_normalizes_alike(address: tuple[int, int, int, int]) -> None:
+    """NVML's busId ("%08X:%02X:%02X.0", nvml.h nvmlPciInfo_t), its legacy busIdLegacy ("%04X:..."), the kernel's
+    "%04x:%02x:%02x" and AMD SMI's "%04x:%02x:%02x.%x" name one GPU; the normal form is a fixed point."""
+    domain, bus, device, function = address
+    forms = [
+        f"{domain:08X}:{bus:02X}:{device:02X}.{function}",
+        f"{domain:04X}:{bus:02X}:{device:02X}.{function}",
+        f"PCI:{domain:04x}:{bus:02x}:{device:02x}",
+        f"{domain:04x}:{bus:02x}:{device:02x}.{function}",
+        f"  {domain:04x}:{bus:02x}:{device:02x}\n",
+    ]
+    normal = {normalize_pci_bus_id(form) for form in forms}
+    assert normal == {f"{domain:04x}:{bus:02x}:{device:02x}"}
+    assert normalize_pci_bus_id(normal.pop()) == f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+@PROPERTY
+@given(st.text(max_size=60))
+def test_property_normalize_never_raises(text: str) -> None:
+    assert isinstance(normalize_pci_bus_id(text), str)
+
+
+# A line of a saved kernel log that is no kernel record: a dictionary continuation, a user's write (facility 1),
+# or text without the record prefix.
+NOT_A_KERNEL_XID = st.one_of(
+    KERNEL_TEXT.map(lambda text: " " + text),
+    KERNEL_TEXT.filter(lambda text: parse_record(text) is None),
+)
+XID_RECORD = st.tuples(PCI_FUNCTIONS, st.integers(1, XID_MAX), st.integers(0, 10**12), KERNEL_TEXT)
+XidRecord = tuple[tuple[int, int, int, int], int, int, str]
+
+
+@PROPERTY
+@given(st.lists(st.tuples(XID_RECORD, st.lists(NOT_A_KERNEL_XID, max_size=3)), max_size=8))
+def test_property_junk_between_records_loses_no_xid(records: list[tuple[XidRecord, list[str]]]) -> None:
+    """Every XID record of a saved log comes back once, at its own kernel time, whatever lies between them."""
+    lines, expected = [], []
+    for n, ((address, code, usec, tail), junk) in enumerate(records):
+        bus_id = kernel_bus(*address[:3], upper=False)
+        lines.append(f"4,{2 * n},{usec},-;NVRM: Xid (PCI:{bus_id}): {code}, {tail}")
+        lines.append(f"12,{2 * n + 1},{usec},-;NVRM: Xid (PCI:{bus_id}): {code}, written by a user")
+        lines.extend(junk)
+        expected.append((bus_id, code, BOOT + usec / 1e6))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kmsg"
+        path.write_text("".join(line + "\n" for line in lines))
+        with KernelLogXidReader(path, boot_time=BOOT) as reader:
+            assert [(x.pci_bus_id, x.xid, x.timestamp) for x in reader.read_new()] == expected
+            assert reader.read_new() == []
