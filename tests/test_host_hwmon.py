@@ -292,6 +292,16 @@ def test_real_filesystem_oddities_skip_only_what_they_hit(tmp_path: Path) -> Non
     assert t[("pmbus-i2c-7-59", "temp1")] == 31.5
 
 
+def test_a_number_past_a_floats_range_is_no_reading(tmp_path: Path) -> None:
+    """Found by the property below: a 309-digit integer in a sysfs file raised OverflowError out of read()
+    (float(int(text))), taking every hwmon reading of the node with it."""
+    root = server_tree(tmp_path)
+    chip = root / "devices/pci0000:00/0000:00:1f.4/i2c-7/7-0058/hwmon/hwmon3"
+    (chip / "temp1_input").write_text("7" * 309 + "\n")
+    t = temps(HwmonReader(root).read())
+    assert ("pmbus-i2c-7-58", "temp1") not in t and t[("pmbus-i2c-7-58", "temp2")] == 36.25
+
+
 def test_a_machine_without_hwmon_reads_empty(tmp_path: Path) -> None:
     reader = HwmonReader(tmp_path)
     assert reader.chips() == []

@@ -318,13 +318,10 @@ def _read_number(path: Path) -> float | None:
     if not text:
         return None
     try:
-        return float(int(text))
+        value = float(text)  # exact for every integer a float holds; int() first overflowed past 1e308
     except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            return None
-        return value if math.isfinite(value) else None  # "nan", "inf": no reading
+        return None
+    return value if math.isfinite(value) else None  # "nan", "inf", 400 digits: no reading
 
 
 def _natural(name: str) -> tuple[str, int]:
