@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import builtins
 import errno
+import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostfixtures import ASUS_BOARD, add_chip, exported, server_tree, set_board, workstation_tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch.host import hwmon as hwmon_module
 from gpuwatch.host.hwmon import HwmonReader
@@ -331,3 +335,63 @@ def test_a_bad_mapping_file_names_the_key_and_the_problem(tmp_path: Path, text: 
 def test_every_shipped_mapping_loads() -> None:
     maps = load_sensor_maps(sorted(str(p) for p in (REPO / "deploy" / "sensor-maps").glob("*.toml")))
     assert len(maps) >= 2
+
+
+# --- properties: units and scaling, and files holding anything --------------------------------------------------
+# Documentation/hwmon/sysfs-interface.rst: inX_input in millivolts, tempX_input in millidegrees Celsius, fanX_input in
+# RPM, powerX_input in microwatts, each a decimal integer; gpuwatch exports volts, degrees, RPM and watts.
+
+PROPERTY = settings(max_examples=40, deadline=None)
+MILLI = st.integers(-(10**9), 10**9)
+
+
+def read_chip(files: dict[str, object]) -> HostSample:
+    """One PMBus supply (a labelled chip with its own fan) on i2c-7 at 0x58, read through a fresh sysfs tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        add_chip(root, 0, "devices/pci0000:00/0000:00:1f.4/i2c-7/7-0058", "pmbus", files)
+        return HwmonReader(root).read()
+
+
+@PROPERTY
+@given(MILLI, MILLI, st.integers(0, 10**6), st.integers(0, 10**13))
+def test_property_each_reading_is_scaled_to_its_si_unit(mv: int, mdeg: int, rpm: int, uw: int) -> None:
+    sample = read_chip(
+        {
+            **{"in1_label": "12V", "in1_input": mv, "temp1_input": mdeg, "fan1_input": rpm},
+            **{"power1_label": "pin", "power1_input": uw},
+        }
+    )
+    assert [(v.sensor, v.volts) for v in sample.voltages] == [("12V", mv / 1000)]
+    assert [(t.sensor, t.value) for t in sample.temperatures] == [("temp1", mdeg / 1000)]
+    assert [(f.sensor, f.value) for f in sample.fans] == [("fan1", rpm)]
+    assert [(p.psu, p.watts) for p in sample.psu_power] == [("pmbus-i2c-7-58", round(uw / 1e6, 6))]
+
+
+# What a broken driver, a half-written file or a hostile bind mount could hold instead of a number.
+ANY_CONTENT = st.one_of(
+    st.text(max_size=40),
+    st.text("0123456789", min_size=300, max_size=5000),  # past a float's range, past int()'s 4,300 digits
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "0x10", " 12 ", "12\n13", "", "-"]),
+)
+
+
+@PROPERTY
+@given(ANY_CONTENT, ANY_CONTENT, ANY_CONTENT)
+def test_property_a_file_holding_anything_skips_that_reading_only(
+    volts_text: str, temp_text: str, min_text: str
+) -> None:
+    """No reading is ever NaN, ±Inf or a traceback: a file that is no finite number is no reading, and the chip's
+    other readings stay."""
+    sample = read_chip(
+        {
+            **{"in1_label": "12V", "in1_input": volts_text, "in1_min": min_text, "temp1_input": temp_text},
+            **{"in2_label": "5V", "in2_input": 5012, "temp2_input": 40500, "fan1_input": 3000},
+        }
+    )
+    for v in sample.voltages:
+        assert math.isfinite(v.volts) and (v.min_volts is None or math.isfinite(v.min_volts))
+    assert all(math.isfinite(t.value) for t in sample.temperatures)
+    assert ("5V", 5.012) in [(v.sensor, v.volts) for v in sample.voltages]
+    assert ("temp2", 40.5) in [(t.sensor, t.value) for t in sample.temperatures]
+    assert [(f.sensor, f.value) for f in sample.fans] == [("fan1", 3000)]
