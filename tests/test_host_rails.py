@@ -11,6 +11,7 @@ from gpuwatch.host.rails import (
     declared_undervoltage,
     is_supply_rail,
     lower_limit,
+    nominal_from_name,
     nominal_from_reading,
     tolerance_for,
 )
@@ -175,3 +176,10 @@ def test_the_snapshot_table_judges_rails_like_the_alert(capsys: pytest.CaptureFi
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [row[:40].strip() for row in rows] == ["ipmi -12V", "ipmi -12V B", "pmbus-i2c-7-58 vout1"]
     assert [row[69:].strip() for row in rows] == ["ok", "BELOW MIN", "ALARM (min)"]
+
+
+@pytest.mark.parametrize("name", ["0V", "GPU0VDD", "PSU0VIN", "-0V", "P0V0"])
+def test_a_zero_in_a_name_states_no_nominal(name: str) -> None:
+    """Found by a property: "GPU0VDD" read as a 0 V rail, exported as gpuwatch_host_voltage_nominal_volts 0 (a
+    dashboard's 95 %-of-nominal line at 0 V). A stated 0 V is a unit's number, never a rail."""
+    assert nominal_from_name(name) is None

@@ -42,6 +42,8 @@ def nominal_from_name(name: str) -> float | None:
         return None
     whole, fraction_v, fraction_dot = match.groups()
     volts = float(f"{whole}.{fraction_v}") if fraction_v else float(whole + (fraction_dot or ""))
+    if volts == 0:  # the "0V" of GPU0VDD or PSU0VIN is a unit's number, never a rail's nominal
+        return None
     # -12V, N12V, 12V_NEG: a negative rail keeps its sign (the BMC reads it as -12.05, not 12.05).
     negative = name[: match.start()].endswith("-") or _NEGATIVE.search(name) is not None
     return -volts if negative else volts
