@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch.host.ipmi import parse_sensor_list, readings_from_sensors
 from gpuwatch.host.rails import (
+    INFER_WINDOW,
+    STANDARD_RAILS,
     declared_undervoltage,
     is_supply_rail,
     lower_limit,
@@ -183,3 +187,81 @@ def test_a_zero_in_a_name_states_no_nominal(name: str) -> None:
     """Found by a property: "GPU0VDD" read as a 0 V rail, exported as gpuwatch_host_voltage_nominal_volts 0 (a
     dashboard's 95 %-of-nominal line at 0 V). A stated 0 V is a unit's number, never a rail."""
     assert nominal_from_name(name) is None
+
+
+# --- properties: what a rail's name states, and the limits derived from it ---------------------------------------
+
+PROPERTY = settings(max_examples=80, deadline=None)
+WHOLE = st.integers(1, 54)
+FRACTION = st.integers(1, 99).map(str)  # "3V3", "1V05", "3.3V", "1.05V"
+PREFIX = st.sampled_from(["", "P", "+", "PSU1 ", "Planar "])
+SUFFIX = st.sampled_from(["", "_AUX", " Rail", "_STBY", " Input"])
+
+
+@PROPERTY
+@given(PREFIX, WHOLE, st.one_of(st.none(), FRACTION), st.booleans(), SUFFIX)
+def test_property_a_stated_nominal_is_read_from_the_name(
+    prefix: str, whole: int, fraction: str | None, dotted: bool, suffix: str
+) -> None:
+    """12V, P12V_AUX, 3V3, 1.05V …: the voltage the name states, whatever surrounds it."""
+    if fraction is None:
+        stated, volts = f"{whole}V", float(whole)
+    else:
+        stated, volts = (f"{whole}.{fraction}V" if dotted else f"{whole}V{fraction}"), float(f"{whole}.{fraction}")
+    assert nominal_from_name(f"{prefix}{stated}{suffix}") == volts
+
+
+@PROPERTY
+@given(WHOLE, st.sampled_from(["-{}V", "N{}V", "NEG{}V", "{}V_NEG", "{}V Neg", "-{}V MINUS", "P{}V_NEGATIVE"]))
+def test_property_a_negative_rail_keeps_its_sign(whole: int, form: str) -> None:
+    assert nominal_from_name(form.format(whole)) == -float(whole)
+
+
+@PROPERTY
+@given(st.text(max_size=40))
+def test_property_names_never_raise(name: str) -> None:
+    nominal = nominal_from_name(name)
+    assert nominal is None or 0 < abs(nominal) < 100
+    assert isinstance(is_supply_rail(name), bool)
+
+
+# Nominals a name or a mapping states: a rail of 0.1 V or less is none (limits are rounded to the microvolt).
+NOMINAL = st.one_of(
+    st.sampled_from([12.0, 5.0, 3.3, -12.0, -5.0, 48.0, 54.0, 1.8]), st.floats(0.1, 60), st.floats(-60, -0.1)
+)
+THRESHOLD = st.floats(-100, 100, allow_nan=False)
+
+
+@PROPERTY
+@given(NOMINAL)
+def test_property_the_tolerance_limit_lies_between_the_nominal_and_zero(nominal: float) -> None:
+    """ATX12V Design Guide 2.x §3.2.1, Table 2: a rail sags toward 0, so its limit lies between 0 and its nominal."""
+    limit = lower_limit(nominal, None)
+    assert limit is not None and (0 < limit < nominal or nominal < limit < 0)
+    assert limit == pytest.approx(nominal * (1 - tolerance_for(nominal)), abs=1e-6)
+
+
+@PROPERTY
+@given(st.one_of(st.none(), NOMINAL), st.lists(THRESHOLD, max_size=3), st.lists(THRESHOLD, max_size=3))
+def test_property_a_declared_limit_is_one_of_the_thresholds_on_the_undervoltage_side(
+    nominal: float | None, lower: list[float], upper: list[float]
+) -> None:
+    declared = declared_undervoltage(nominal, lower, upper)
+    if declared is None:
+        return
+    if nominal is None:
+        assert declared in lower and declared > 0
+    elif nominal < 0:
+        assert declared in lower + upper and nominal < declared < 0
+    else:
+        assert declared in lower and 0 < declared < nominal
+    assert lower_limit(nominal, declared) == declared
+
+
+@PROPERTY
+@given(st.sampled_from(["vout", "vout1", "vout12", "vin", "12V", "in3"]), st.floats(-100, 100, allow_nan=False))
+def test_property_an_inferred_nominal_is_a_standard_rail_near_the_reading(name: str, volts: float) -> None:
+    nominal = nominal_from_reading(name, volts)
+    if nominal is not None:
+        assert name.startswith("vout") and nominal in STANDARD_RAILS
+        assert abs(volts / nominal - 1) < INFER_WINDOW
