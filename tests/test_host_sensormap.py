@@ -1,0 +1,36 @@
+"""Super-I/O sensor maps: the TOML file an operator writes (lm-sensors' sensors.conf in TOML), validated with an
+error that names the file, the key and the problem, and the compute expressions applied to raw pin readings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.host.sensormap import SensorMapError, load_sensor_maps
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('[[chip]]\n[chip.in1]\nlabel = "x"\n', "chip[0].match: required"),
+        ('[[chip]]\nmatch = "nct*"\n[chip.in1]\ncompute = "__import__(1)"\n', "chip[0].in1.compute"),
+        ('[[chip]]\nmatch = "nct*"\n[chip.in1]\nscale = 2\n', "chip[0].in1.scale: unknown key"),
+        ('[[chip]]\nmatch = "nct*"\n[chip.volt1]\nlabel = "x"\n', "chip[0].volt1: unknown key"),
+        ('[[chip]]\nmatch = "nct*"\n[chip.in1]\nnominal = -12\n', "chip[0].in1.nominal: must be a positive"),
+        ("[[chip]\n", "not valid TOML"),
+    ],
+)
+def test_a_bad_mapping_file_names_the_key_and_the_problem(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "board.toml"
+    path.write_text(text)
+    with pytest.raises(SensorMapError, match=problem.replace("[", r"\[").replace("]", r"\]")) as info:
+        load_sensor_maps([str(path)])
+    assert str(path) in str(info.value)
+
+
+def test_every_shipped_mapping_loads() -> None:
+    maps = load_sensor_maps(sorted(str(p) for p in (REPO / "deploy" / "sensor-maps").glob("*.toml")))
+    assert len(maps) >= 2
