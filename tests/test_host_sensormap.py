@@ -34,3 +34,14 @@ def test_a_bad_mapping_file_names_the_key_and_the_problem(tmp_path: Path, text: 
 def test_every_shipped_mapping_loads() -> None:
     maps = load_sensor_maps(sorted(str(p) for p in (REPO / "deploy" / "sensor-maps").glob("*.toml")))
     assert len(maps) >= 2
+
+
+@pytest.mark.parametrize("volts", ["nan", "inf", "-inf", "1" + "0" * 400, "0", "-12", "true", '"12"'])
+def test_volts_that_are_no_positive_finite_number_are_refused(tmp_path: Path, volts: str) -> None:
+    """Found by a property: TOML's nan and inf were accepted (a NaN limit no alert compares against), and an integer
+    past a float's range raised OverflowError, a traceback instead of exit 78 naming the key."""
+    path = tmp_path / "board.toml"
+    for key in ("nominal", "min"):
+        path.write_text(f'[[chip]]\nmatch = "nct*"\n[chip.in4]\n{key} = {volts}\n')
+        with pytest.raises(SensorMapError, match=rf"chip\[0\]\.in4\.{key}: must be a positive, finite number of volts"):
+            load_sensor_maps([str(path)])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -193,10 +194,22 @@ def _parse_input(path: str, where: str, table: dict[str, object]) -> InputMap:
     numbers: dict[str, float | None] = {}
     for key in ("nominal", "min"):
         value = table.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-            raise SensorMapError(path, f"{where}.{key}", "must be a positive number of volts")
-        numbers[key] = None if value is None else float(value)
+        numbers[key] = None if value is None else _volts(value)
+        if value is not None and numbers[key] is None:
+            raise SensorMapError(path, f"{where}.{key}", "must be a positive, finite number of volts")
     return InputMap(label, parsed, numbers["nominal"], numbers["min"], ignore)
+
+
+def _volts(value: object) -> float | None:
+    """A positive finite number of volts, else None: TOML also has nan, inf and integers past a float's range, and
+    a NaN limit is one no alert can compare against."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        volts = float(value)
+    except OverflowError:
+        return None
+    return volts if math.isfinite(volts) and volts > 0 else None
 
 
 def find_input(maps: Iterable[ChipMap], chip: str, board_name: str, key: str) -> InputMap | None:
