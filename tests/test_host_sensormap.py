@@ -45,3 +45,13 @@ def test_volts_that_are_no_positive_finite_number_are_refused(tmp_path: Path, vo
         path.write_text(f'[[chip]]\nmatch = "nct*"\n[chip.in4]\n{key} = {volts}\n')
         with pytest.raises(SensorMapError, match=rf"chip\[0\]\.in4\.{key}: must be a positive, finite number of volts"):
             load_sensor_maps([str(path)])
+
+
+@pytest.mark.parametrize("key", ["in4\\n", "in\\u0664", "temp2 "])
+def test_an_input_the_reader_never_looks_up_is_refused(tmp_path: Path, key: str) -> None:
+    """Found by a property: "in4" with a trailing newline (`$` matches before one) and "in" with an Arabic-Indic four
+    (`\\d` is any Unicode digit) were accepted as inputs, then silently never applied: the reader looks up in4."""
+    path = tmp_path / "board.toml"
+    path.write_text(f'[[chip]]\nmatch = "nct*"\n[chip."{key}"]\nlabel = "+12V"\n')
+    with pytest.raises(SensorMapError, match="unknown key; inputs are named like in4"):
+        load_sensor_maps([str(path)])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gpuwatch.tomlfile import TomlFileError, load_toml_file
 
-INPUT_RE = re.compile(r"^(in|temp|fan)\d+$")
+INPUT_RE = re.compile(r"(in|temp|fan)[0-9]+")  # fullmatch: the sysfs names the hwmon reader looks up, no more
 INPUT_KEYS = ("label", "compute", "nominal", "min", "ignore")
 MAX_COMPUTE_CHARS = 200  # sensors.conf's real ones are under 30 characters
 
@@ -166,7 +166,7 @@ def _parse_chip(path: str, where: str, chip: dict[str, object]) -> ChipMap:
     for key, value in chip.items():
         if key in ("match", "board"):
             continue
-        if not INPUT_RE.match(key):
+        if not INPUT_RE.fullmatch(key):
             raise SensorMapError(path, f"{where}.{key}", "unknown key; inputs are named like in4, temp2, fan1")
         if not isinstance(value, dict):
             raise SensorMapError(path, f"{where}.{key}", "must be a table ([chip.in4])")
