@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import errno
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch import pci
 from gpuwatch.pci import count_pci_gpus, pci_gpu_addresses
@@ -134,3 +137,44 @@ def test_class_codes_cover_the_gpu_classes() -> None:
     assert {0x0300, 0x0302, 0x0380} <= pci.GPU_CLASS_CODES
     assert 0x0680 not in pci.GPU_CLASS_CODES  # bridges: NVSwitch
     assert 0x0403 not in pci.GPU_CLASS_CODES  # HD audio
+
+
+# --- properties: a bus of any devices, files holding anything -----------------------------------------------------
+# The kernel writes sysfs `vendor` as "0x%04x\n" and `class` as "0x%06x\n" (drivers/pci/pci-sysfs.c, vendor_show and
+# class_show): base class, subclass and programming interface.
+
+PROPERTY = settings(max_examples=40, deadline=None)
+VENDORS = st.sampled_from([0x10DE, 0x1002, 0x8086, 0x15B3, 0x1A03, 0x1022])
+CLASSES = st.one_of(
+    st.sampled_from([0x0300, 0x0302, 0x0380, 0x1200, 0x0680, 0x0403, 0x0C03, 0x0200, 0x0604]),
+    st.integers(0, 0xFFFF),
+)
+DEVICE = st.tuples(
+    st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), VENDORS, CLASSES, st.integers(0, 0xFF)
+)
+# Never a supported vendor's ID or a GPU class, whatever a parser makes of it: no hex digit at all, or odd spellings.
+NO_HEX = st.text(st.characters(blacklist_characters="0123456789abcdefABCDEF"), max_size=12)
+GARBAGE = st.one_of(NO_HEX, st.sampled_from(["", "0x", "0x10dg", "0x10de 0x1002", "0x" + "f" * 5000]))
+
+
+@PROPERTY
+@given(
+    st.lists(DEVICE, max_size=12, unique_by=lambda d: d[:3]),
+    st.lists(st.tuples(st.sampled_from(["vendor", "class"]), GARBAGE), max_size=4),
+)
+def test_property_every_gpu_function_is_counted_and_nothing_else(
+    devices: list[tuple[int, int, int, int, int, int]], broken: list[tuple[str, str]]
+) -> None:
+    """A GPU is a function of NVIDIA (0x10de) or AMD (0x1002) whose class is a display controller or a processing
+    accelerator; a device whose file holds anything else is skipped on its own, never the bus."""
+    expected: dict[str, list[str]] = {"nvidia": [], "amd": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for domain, bus, slot, vendor, pci_class, prog_if in devices:
+            address = f"{domain:04x}:{bus:02x}:{slot:02x}.0"
+            add_device(root, address, f"0x{vendor:04x}", f"0x{pci_class:04x}{prog_if:02x}")
+            if vendor in pci.PCI_VENDOR_IDS and pci_class in pci.GPU_CLASS_CODES:
+                expected[pci.PCI_VENDOR_IDS[vendor]].append(address)
+        for n, (name, garbage) in enumerate(broken):  # an H100 but for one file
+            (add_device(root, f"ffff:ff:{n:02x}.7", "0x10de", "0x030200") / name).write_text(garbage)
+        assert pci_gpu_addresses(root) == {vendor: sorted(found) for vendor, found in expected.items()}
