@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -91,3 +93,59 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
         "text/plain;version=1.0.0;escaping=values",
     ):
         assert fast_format(choose_encoder(accept)[0]) is None
+
+
+# --- properties: the library is the oracle for any label value, help text and number ------------------------------
+
+PROPERTY = settings(max_examples=60, deadline=None)
+# Names as the catalogue makes them (gpuwatch/metrics.py: letters, digits, underscores; no colons, which are for
+# recording rules), valid by construction: the encoder writes names as they are and escapes only what varies.
+LEGACY_METRIC = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)
+LEGACY_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True)
+# Any text but lone surrogates (no UTF-8 encoding exists for them, the library's or ours): backslash, quote, newline,
+# control characters and astral-plane characters included, and the escapes' own spellings.
+TEXT = st.one_of(
+    st.text(max_size=20),
+    st.lists(st.sampled_from(["\\", '"', "\n", "\\n", '\\"', "\r", "\t", "ü", "✓", "\U0001f600", "x"]), max_size=8).map(
+        "".join
+    ),
+)
+VALUE = st.floats(allow_nan=True, allow_infinity=True)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def family(kind: str, name: str, help_text: str, names: list[str], rows: list[tuple[list[str], float]]) -> Metric:
+    cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+    built = cls(name, help_text, labels=names)
+    for values, value in rows:
+        built.add_metric(values[: len(names)], abs(value) if kind == "counter" else value)
+    return built
+
+
+def families_with(label_name: st.SearchStrategy[str]) -> st.SearchStrategy[list[Metric]]:
+    one = st.tuples(
+        st.sampled_from(["gauge", "counter"]),
+        LEGACY_METRIC,
+        TEXT,
+        st.lists(label_name, max_size=3, unique=True),
+    ).flatmap(
+        lambda head: st.lists(st.tuples(st.lists(TEXT, min_size=3, max_size=3), VALUE), max_size=3).map(
+            lambda rows: family(*head, rows)
+        )
+    )
+    return st.lists(one, min_size=1, max_size=3, unique_by=lambda f: f.name)
+
+
+@PROPERTY
+@given(families_with(LEGACY_LABEL))
+def test_property_any_label_value_help_and_number_render_as_the_library_does(families: list[Metric]) -> None:
+    for accept in ACCEPTS.values():
+        library, fast = library_and_fast(_Families(families), accept)
+        assert fast == library, accept
