@@ -23,7 +23,7 @@ from gpuwatch.kmsg import (
     parse_sxid,
     parse_xid,
 )
-from gpuwatch.xid import OTHER_XID, XID_MAX, XID_MIN, fold_xid
+from gpuwatch.xid import OTHER_XID, XID_MAX, XID_MIN, fold_xid, xid_from_digits, xid_label
 
 BOOT = 1_700_000_000.0
 
@@ -470,6 +470,18 @@ def test_property_every_form_of_one_address_normalizes_alike(address: tuple[int,
 @given(st.text(max_size=60))
 def test_property_normalize_never_raises(text: str) -> None:
     assert isinstance(normalize_pci_bus_id(text), str)
+
+
+@PROPERTY
+@given(XID_DIGITS)
+def test_property_an_xid_of_any_length_folds_to_one_bounded_label(digits: str) -> None:
+    """gpuwatch.xid: codes 1..999 keep their own xid label, anything else (0, 1000+, 5,000 digits) is "other"."""
+    code = xid_from_digits(digits)
+    value = int(digits.lstrip("0") or "0") if len(digits.lstrip("0")) <= 4 else None
+    if value is not None and XID_MIN <= value <= XID_MAX:
+        assert (code, xid_label(code)) == (value, str(value))
+    else:
+        assert (code, xid_label(code)) == (OTHER_XID, "other")
 
 
 # A line of a saved kernel log that is no kernel record: a dictionary continuation, a user's write (facility 1),
