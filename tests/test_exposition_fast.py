@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -97,7 +97,7 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
 
 # --- properties: the library is the oracle for any label value, help text and number ------------------------------
 
-PROPERTY = settings(max_examples=60, deadline=None)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 # Names as the catalogue makes them (gpuwatch/metrics.py: letters, digits, underscores; no colons, which are for
 # recording rules), valid by construction: the encoder writes names as they are and escapes only what varies.
 LEGACY_METRIC = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from hostfixtures import ASUS_BOARD, add_chip, exported, server_tree, set_board, workstation_tree
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.host import hwmon as hwmon_module
@@ -317,7 +317,7 @@ def test_a_machine_without_hwmon_reads_empty(tmp_path: Path) -> None:
 # Documentation/hwmon/sysfs-interface.rst: inX_input in millivolts, tempX_input in millidegrees Celsius, fanX_input in
 # RPM, powerX_input in microwatts, each a decimal integer; gpuwatch exports volts, degrees, RPM and watts.
 
-PROPERTY = settings(max_examples=40, deadline=None)
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 MILLI = st.integers(-(10**9), 10**9)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from hostfixtures import exported
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.host.ipmi import (
@@ -355,7 +355,7 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
 # ipmitool's lib/ipmi_sensor.c prints a threshold sensor as "%-16s | %-10.3f | %-10s | %-6s" and the six thresholds
 # "| %-10.3f" each, "na" where there is none; lib/ipmi_sdr.c prints a supply as "name | id | status | entity | states".
 
-PROPERTY = settings(max_examples=60, deadline=None)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 # A BMC's name or state text: anything printable but the column separator (a line break would end the line).
 FIELD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"), blacklist_characters="|"), max_size=24)
 NAME = FIELD.filter(lambda name: name.strip() != "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.host.ipmi import parse_sensor_list, readings_from_sensors
@@ -191,7 +191,7 @@ def test_a_zero_in_a_name_states_no_nominal(name: str) -> None:
 
 # --- properties: what a rail's name states, and the limits derived from it ---------------------------------------
 
-PROPERTY = settings(max_examples=80, deadline=None)
+PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 WHOLE = st.integers(1, 54)
 FRACTION = st.integers(1, 99).map(str)  # "3V3", "1V05", "3.3V", "1.05V"
 PREFIX = st.sampled_from(["", "P", "+", "PSU1 ", "Planar "])

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.host.sensormap import Compute, SensorMapError, find_input, load_sensor_maps
@@ -64,7 +64,7 @@ def test_an_input_the_reader_never_looks_up_is_refused(tmp_path: Path, key: str)
         load_sensor_maps([str(path)])
 
 
-PROPERTY = settings(max_examples=60, deadline=None)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 
 # --- properties ---------------------------------------------------------------------------------------------------
 

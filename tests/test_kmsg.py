@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.kmsg import (
@@ -382,7 +382,7 @@ def test_nvswitch_sxids_are_read_apart_from_xids(tmp_path: Path) -> None:
 # non-printable bytes of the message as \xNN, so a message is printable ASCII. NVRM prints the GPU as
 # "PCI:%04x:%02x:%02x" (domain, bus, device; VMD domains above 0xffff print as five or more digits).
 
-PROPERTY = settings(max_examples=60, deadline=None)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 U64 = st.integers(0, 2**64 - 1)
 KERNEL_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80)
 PCI_FUNCTIONS = st.tuples(st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
