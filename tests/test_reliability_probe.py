@@ -15,7 +15,9 @@ import pytest
 from simnode import SimAgent
 
 from gpuwatch.config import ProbeSection
-from gpuwatch.probe.runner import PROC_PID_INIT_INO, ProbeRunner
+from gpuwatch.probe.children import PROC_PID_INIT_INO
+from gpuwatch.probe.launch import WorkerLauncher
+from gpuwatch.probe.runner import ProbeRunner
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=20.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
@@ -37,8 +39,9 @@ def runner(sim: SimAgent, tmp_path: Path, command: list[str], settings: ProbeSec
         sim.agent.store,
         tmp_path,
         clock=sim.clock.wall,
-        worker_command=command,
-        pid_namespace_inode=lambda: PROC_PID_INIT_INO,
+        launcher=WorkerLauncher.fixed(
+            command, engines=lambda: ["script"], pid_namespace_inode=lambda: PROC_PID_INIT_INO
+        ),
         memory_limit_bytes=LIMIT,
     )
 
