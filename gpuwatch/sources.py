@@ -49,7 +49,7 @@ class NodeSources:
     pci_gpu_counts: Callable[[], dict[str, int]]
     kernel_log: KernelLogXidReader | None
     host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
-    probe_launcher: WorkerLauncher | None = None  # the probe worker: None is the production one (probe/launch.py)
+    probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
 
 
 def build_node_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:

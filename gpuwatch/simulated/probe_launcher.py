@@ -57,4 +57,4 @@ def simulated_probe_launcher(
 ) -> WorkerLauncher:
     """The launcher of the simulated node's probe worker (`slowdown`: GPU index -> share of throughput lost)."""
     command = SimulatedWorkerCommand(dict(slowdown), state_dir, clock, seconds, fault)
-    return WorkerLauncher(command, engines=lambda: ["simulated"], pid_namespace_inode=lambda: PROC_PID_INIT_INO)
+    return WorkerLauncher(command, engines=lambda: ["simulated worker"], pid_namespace_inode=lambda: PROC_PID_INIT_INO)
