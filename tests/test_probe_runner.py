@@ -463,3 +463,29 @@ def test_a_slow_gpu_is_a_warning_once_and_its_recovery_a_line(caplog: pytest.Log
         ("WARNING", "probe on GPU 6 computes 80 % of its own baseline"),
         ("INFO", "probe on GPU 6 is back at 99 % of its baseline"),
     ]
+
+
+def test_stop_returns_once_the_round_has_recorded_its_results_and_released_its_locks(
+    sim: SimAgent, tmp_path: Path
+) -> None:
+    """The agent's stop() must leave no probe bookkeeping behind it: the round whose worker it killed has recorded
+    its result, joined its output readers and released the GPU's lock by the time stop() returns (it returned as
+    soon as the children were killed, and the round wrote to the store ~50 ms later, after the agent had stopped)."""
+    probe = runner(sim, tmp_path, launcher=faulty(tmp_path, seconds=30.0))
+    thread = threading.Thread(target=lambda: probe.run(gpus={0}), name="round")
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not probe.workers.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (child,) = probe.workers.running
+    gpu0 = child.identity.uuid
+    started = time.monotonic()
+    assert probe.stop()
+    assert time.monotonic() - started < 2.0
+    assert sim.agent.store.probe.view().runs[gpu0]["failed"] == 1  # recorded before stop() returned
+    assert sim.agent.store.probe.view().last_any[gpu0].reason == "the agent stopped while the probe ran"
+    assert child.proc.poll() is not None and not any(reader.is_alive() for reader in child.readers)
+    fd = try_lock(tmp_path, gpu0, wait=False)
+    assert fd is not None, "the GPU's probe lock outlived stop()"
+    unlock(fd)
+    thread.join(5)

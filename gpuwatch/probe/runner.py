@@ -14,6 +14,7 @@ keeps a CLI probe and the agent's apart. What a worker is, and whether one can r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -32,6 +33,7 @@ from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_SECONDS = 1.0  # how long stop() waits for a round whose children it killed to record its results
 NOT_HOST_PID_NAMESPACE = (
     "the agent runs in its own PID namespace (a container without hostPID): NVML reports host PIDs that this "
     "/proc cannot map to the probe's children, so every probe would look busy; run it with the host PID namespace "
@@ -60,6 +62,8 @@ class ProbeRunner:
         self._clock = clock
         self._progress = progress
         self._namespace_logged = False
+        self._rounds = 0  # rounds running now (the agent's, or a test's beside it)
+        self._rounds_changed = threading.Condition()
         self.workers = WorkerSupervisor(
             self._launcher, store, clock=clock, memory_limit_bytes=memory_limit_bytes, say=self._say
         )
@@ -86,6 +90,25 @@ class ProbeRunner:
         wait_for_locks: bool = False,
     ) -> list[ProbeOutcome]:
         """One probe round; `explicit` (the CLI's --gpu) probes the named GPUs even when busy, marked as such."""
+        with self._rounds_changed:
+            self._rounds += 1
+        try:
+            return self._round(gpus, explicit, baseline_mode, wait_for_locks)
+        finally:
+            with self._rounds_changed:
+                self._rounds -= 1
+                self._rounds_changed.notify_all()
+
+    def stop(self, timeout_s: float = STOP_WAIT_SECONDS) -> bool:
+        """Kill every running child (the agent is stopping) and wait, at most `timeout_s`, for the round to record
+        its results and release its locks: nothing of the probe runs on after the agent stopped. False if it did."""
+        self.workers.stop()
+        with self._rounds_changed:
+            return self._rounds_changed.wait_for(lambda: self._rounds == 0, timeout=max(0.0, timeout_s))
+
+    def _round(
+        self, gpus: Collection[int] | None, explicit: bool, baseline_mode: Mode, wait: bool
+    ) -> list[ProbeOutcome]:
         snap = self._store.snapshot()
         stuck = self.workers.reap_stuck()
         self._refresh_baselines()
@@ -132,14 +155,10 @@ class ProbeRunner:
                 )
             else:
                 to_run.append((identity, sample, False))
-        outcomes.extend(self._run_locked(to_run, baseline_mode, wait_for_locks))
+        outcomes.extend(self._run_locked(to_run, baseline_mode, wait))
         for result in outcomes:
             self._store.probe.record(result)
         return sorted(outcomes, key=lambda o: o.index)
-
-    def stop(self) -> None:
-        """Kill every running child (the agent is stopping)."""
-        self.workers.stop()
 
     def load_baselines(self) -> None:
         """Export the persisted baselines now (agent start), not only from the first probe round an interval later."""
