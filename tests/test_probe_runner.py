@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -34,6 +35,15 @@ def host_namespace() -> int:
     return PROC_PID_INIT_INO  # the host's, even where CI runs in a container
 
 
+def fixed(
+    command: list[str],
+    engines: Callable[[], list[str]] = lambda: ["script"],
+    inode: Callable[[], int | None] = host_namespace,
+) -> WorkerLauncher:
+    """A script standing in for the worker on every GPU, with these engines, in this PID namespace."""
+    return WorkerLauncher(lambda _identity: command, engines, inode)
+
+
 def runner(
     sim: SimAgent,
     tmp_path: Path,
@@ -46,7 +56,7 @@ def runner(
     """A runner over the SimAgent's store, starting the simulated node's worker (its launcher, as the agent's), or
     `command` standing in for the worker, or what `launcher` starts."""
     if launcher is None and command is not None:
-        launcher = WorkerLauncher.fixed(command, engines=lambda: ["script"], pid_namespace_inode=host_namespace)
+        launcher = fixed(command)
     launcher = launcher or sim.sources.probe_launcher
     return ProbeRunner(settings, sim.agent.store, tmp_path, clock=sim.clock.wall, launcher=launcher, **kw)  # type: ignore[arg-type]
 
@@ -57,7 +67,7 @@ def production(
     """The production launcher (the real worker, unless `command`), with these engines in this PID namespace."""
     if command is None:
         return WorkerLauncher(engines=lambda: engines, pid_namespace_inode=lambda: inode)
-    return WorkerLauncher.fixed(command, engines=lambda: engines, pid_namespace_inode=lambda: inode)
+    return fixed(command, lambda: engines, lambda: inode)
 
 
 def faulty(tmp_path: Path, fault: str = "none", seconds: float = 0.2) -> WorkerLauncher:

@@ -13,10 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 from simnode import SimAgent
+from test_probe_runner import fixed
 
 from gpuwatch.config import ProbeSection
-from gpuwatch.probe.children import PROC_PID_INIT_INO
-from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.runner import ProbeRunner
 
 QUICK = ProbeSection(
@@ -39,9 +38,7 @@ def runner(sim: SimAgent, tmp_path: Path, command: list[str], settings: ProbeSec
         sim.agent.store,
         tmp_path,
         clock=sim.clock.wall,
-        launcher=WorkerLauncher.fixed(
-            command, engines=lambda: ["script"], pid_namespace_inode=lambda: PROC_PID_INIT_INO
-        ),
+        launcher=fixed(command),
         memory_limit_bytes=LIMIT,
     )
 

@@ -50,15 +50,3 @@ class WorkerLauncher:
     command: Callable[[GpuIdentity], Sequence[str]] = _production_command
     engines: Callable[[], list[str]] = available_engines
     pid_namespace_inode: Callable[[], int | None] = _this_pid_namespace
-
-    @classmethod
-    def fixed(
-        cls,
-        command: Sequence[str],
-        *,
-        engines: Callable[[], list[str]] = available_engines,
-        pid_namespace_inode: Callable[[], int | None] = _this_pid_namespace,
-    ) -> WorkerLauncher:
-        """One command for every GPU (a script standing in for the worker, in tests)."""
-        argv = list(command)
-        return cls(lambda _identity: argv, engines, pid_namespace_inode)
