@@ -401,7 +401,7 @@ def describe_engines(config: Any, found: list[str]) -> str:
             "[warn] probe engine: none installed; every probe is skipped_unsupported "
             "(pip install 'gpuwatch[probe]' for CuPy, or install PyTorch)"
         )
-    if not set(found) & set(ENGINE_DISTRIBUTIONS):  # the simulated node's worker: no engine of ours to describe
+    if not set(found) & set(ENGINE_DISTRIBUTIONS):  # a worker of another launcher: nothing to look up
         return f"[ok] probe engine: {', '.join(found)}"
     versions = []
     for name in found:

@@ -8,7 +8,7 @@ process other than our own children appeared on the GPU while it ran — NVML re
 recognised by every PID of their ``/proc/<pid>/status`` NSpid line — which only holds the host PID in the host's PID
 namespace, so in a container without it every probe is skipped_unsupported with that reason. A per-GPU lock file
 keeps a CLI probe and the agent's apart. What a worker is, and whether one can run here, is the launcher's
-(gpuwatch/probe/launch.py): the production worker, or the simulated node's from the composition layer.
+(gpuwatch/probe/launch.py), which the composition layer gives it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ three: from the first warm-up matmul to the end of the last copy.
 
 Exit status: 0 with a result; 3 when the probe cannot run here (no engine: ``{"ok": false, "error": "no_engine"}``,
 which the runner counts as skipped_unsupported, never failed); 1 on any other failure (``"error": "failed"``).
-The simulated node's worker (gpuwatch/simulated/probe_worker.py) takes the same arguments and answers the same way.
+Any other worker a launcher starts (gpuwatch/probe/launch.py) takes these arguments and answers the same way.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def throughput_fields(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:
-    """The part of a result the real and the simulated worker share (WorkerResult.from_json reads it)."""
+    """The throughput part of a result, which every worker reports alike (WorkerResult.from_json reads it)."""
     n = args.size
     return {
         "ok": True,
