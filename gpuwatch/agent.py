@@ -60,7 +60,7 @@ class Agent:
         self._clock = clock
         self._monotonic = monotonic
         self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
-        self.store.configured_power_limit_watts = config.gpus.power_limit_watts
+        self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts)
         self._known = KnownGpus(config.state_dir)
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.statedir)
         self._stop = threading.Event()
@@ -150,18 +150,18 @@ class Agent:
         """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
         self._notifier.stopping()
         self._stop.set()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
-        if self.probe is not None:
-            self.probe.stop()  # SIGKILL any probe child still running
+        if self.probe is not None and not self.probe.stop(deadline - time.monotonic()):  # SIGKILL its children
+            log.warning("the probe round did not end within %.1f s of its workers being killed", STOP_GRACE_SECONDS)
         if self._http is not None:
             self._http.stop()
             self._http = None
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
         closer = threading.Thread(target=self.vendors.close, name="close", daemon=True)
         closer.start()
-        closer.join(STOP_GRACE_SECONDS)
+        closer.join(max(0.0, deadline - time.monotonic()))
         if closer.is_alive():
             log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
         running = self.collectors.join_threads(max(0.0, deadline - time.monotonic()))  # xid_events: bounded
@@ -234,8 +234,7 @@ class Agent:
         new = live_part(old, new)  # what the running sockets, backends and threads were built from stays
         logging.getLogger().setLevel(new.agent.log_level.upper())
         self.config = new
-        self.store.poll_interval_seconds = new.agent.poll_interval_seconds
-        self.store.configured_power_limit_watts = new.gpus.power_limit_watts
+        self.store.configure(new.agent.poll_interval_seconds, new.gpus.power_limit_watts)
         self._update_expected()
         self.collectors.register()  # the vendors' interval is the poll interval
         if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:

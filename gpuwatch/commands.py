@@ -393,7 +393,10 @@ def check(config: Config) -> int:
             )
     from gpuwatch.probe.engines import describe_engines
 
-    for text in (describe_engines(config), *_uncapped_baselines(config)):  # optional: the agent runs without
+    for text in (
+        describe_engines(config, sources.probe_launcher.engines()),
+        *_uncapped_baselines(config),
+    ):  # optional: the agent runs without
         match = re.fullmatch(r"\[(\w+)\] ([^:]+): (.*)", text, re.S)
         if match:
             report.line(match.group(1), match.group(2), match.group(3), _FIXES["probe"])

@@ -65,7 +65,7 @@ def probe(config: Config, *, gpus: list[int], as_json: bool, update_baseline: bo
             dataclasses.replace(config.probe, require_idle_node=False),  # the CLI probes every idle GPU it is given
             store,
             config.state_dir,
-            simulated_slowdown=sources.probe_slowdown,
+            launcher=sources.probe_launcher,
             progress=lambda text: print(text, file=sys.stderr, flush=True),
         )
         poller = _Poller(store, backends)

@@ -1,5 +1,5 @@
 """The one way into the simulator: the simulated node's sources (its vendor library under the vendor's real Python
-binding, its host sensors, its probe slowdown), for the agent, ``simulate-fleet``, the tests and the benchmarks.
+binding, its host sensors, its probe worker), for the agent, ``simulate-fleet``, the tests and the benchmarks.
 
 Service layer: nothing below it imports ``gpuwatch.simulated`` (pyproject.toml, [tool.importlinter]).
 """
@@ -7,6 +7,7 @@ Service layer: nothing below it imports ``gpuwatch.simulated`` (pyproject.toml, 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gpuwatch.simulated.amdsmi_binding import binding_package
 from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.host_sensors import simulated_host_sources
+from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
 from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.sources import BackendSlot, NodeSources, build_node_sources
 
@@ -58,7 +60,7 @@ def simulated_sources(
     host: bool = True,
     clock: Callable[[], float] | None = None,
 ) -> NodeSources:
-    """The simulated node's sources: one vendor slot, its PCI counts, its host sensors, its probe slowdown."""
+    """The simulated node's sources: one vendor slot, its PCI counts, its host sensors, its probe worker."""
     sim = config.simulated
     node = node or SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
     slot = simulated_slot(node, clock=clock)
@@ -67,7 +69,8 @@ def simulated_sources(
         if host
         else []
     )
-    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, node.probe_slowdown)
+    launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time)
+    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher)
 
 
 def simulated_slot(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> BackendSlot:

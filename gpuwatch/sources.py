@@ -21,6 +21,7 @@ from gpuwatch.host.collectors import HostSource, build_host_sources
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import Vendor
 from gpuwatch.pci import count_pci_gpus
+from gpuwatch.probe.launch import WorkerLauncher
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class NodeSources:
     pci_gpu_counts: Callable[[], dict[str, int]]
     kernel_log: KernelLogXidReader | None
     host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
-    probe_slowdown: dict[int, float] | None = None  # simulated node: the probe runs a simulated worker
+    probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
 
 
 def build_node_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:

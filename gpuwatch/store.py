@@ -1,7 +1,8 @@
 """SampleStore: the latest readings, the counters the agent accumulates, and the events it has seen.
 
-Writers are the poll job, the event thread and (later) the probe runner; the only reader is the exporter, which takes
-an immutable snapshot so a scrape never waits on a vendor call and never sees a half-written poll.
+Writers are the poll job, the host jobs, the event threads, the probe runner (through its ProbeBook, which has a lock
+of its own) and a reload; every write takes the store's lock. The readers take an immutable snapshot, so a scrape
+never waits on a vendor call and never sees a half-written poll or a half-applied reload.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class SampleStore:
     def __init__(self, *, poll_interval_seconds: float, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        self.poll_interval_seconds = poll_interval_seconds
+        self._poll_interval_seconds = poll_interval_seconds
+        self._configured_power_limit_watts: float | None = None  # [gpus] power_limit_watts: configure()
         self._identities: dict[str, GpuIdentity] = {}
         self._samples: dict[str, GpuSample] = {}
         self._errors: dict[str, str] = {}
@@ -91,11 +93,24 @@ class SampleStore:
         self._expected: dict[str, int] = {}
         self._unusable: dict[str, tuple[UnusableGpu, ...]] = {}  # backend -> GPUs it counts but cannot open
         self._sxids: dict[tuple[str, int], XidCount] = {}  # (NVSwitch PCI address, SXid) -> count
-        self.configured_power_limit_watts: float | None = None
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
 
+    @property
+    def poll_interval_seconds(self) -> float:
+        return self._poll_interval_seconds  # read-only: configure() changes it, under the lock
+
+    @property
+    def configured_power_limit_watts(self) -> float | None:
+        return self._configured_power_limit_watts
+
     # --- writers -------------------------------------------------------------------------------------------
+
+    def configure(self, poll_interval_seconds: float, configured_power_limit_watts: float | None) -> None:
+        """A reload's settings, both at once: a poll or a scrape sees the old pair or the new one."""
+        with self._lock:
+            self._poll_interval_seconds = poll_interval_seconds
+            self._configured_power_limit_watts = configured_power_limit_watts
 
     def add_known(self, identities: Iterable[GpuIdentity]) -> None:
         """GPUs remembered from earlier runs: exported as lost until a poll finds them."""
@@ -112,7 +127,7 @@ class SampleStore:
 
     def record_collector_run(self, name: str, *, success: bool, duration_seconds: float) -> None:
         with self._lock:
-            status = self._collectors.setdefault(name, CollectorStatus(self.poll_interval_seconds))
+            status = self._collectors.setdefault(name, CollectorStatus(self._poll_interval_seconds))
             status.success = success
             status.duration_seconds = duration_seconds
             status.last_run_timestamp = self._clock()
@@ -160,7 +175,7 @@ class SampleStore:
             return
         elapsed = current.timestamp - previous.timestamp
         # Never attribute a gap the agent did not watch (a hung call, a suspended host) to a throttle reason.
-        watched = min(elapsed, STALE_AFTER_POLLS * self.poll_interval_seconds)
+        watched = min(elapsed, STALE_AFTER_POLLS * self._poll_interval_seconds)
         for reason in totals:
             now_counter = current.throttle_counter_seconds.get(reason)
             before_counter = previous.throttle_counter_seconds.get(reason)
@@ -229,7 +244,7 @@ class SampleStore:
             now = self._clock()
             return StoreSnapshot(
                 now=now,
-                poll_interval_seconds=self.poll_interval_seconds,
+                poll_interval_seconds=self._poll_interval_seconds,
                 identities=dict(self._identities),
                 samples=dict(self._samples),
                 gpu_errors=dict(self._errors),
@@ -249,7 +264,7 @@ class SampleStore:
                     for name, s in self._collectors.items()
                 },
                 gpus_expected=dict(self._expected),
-                configured_power_limit_watts=self.configured_power_limit_watts,
+                configured_power_limit_watts=self._configured_power_limit_watts,
                 unusable=tuple(gpu for gpus in self._unusable.values() for gpu in gpus),
                 sxids={key: XidCount(c.total, c.last_timestamp) for key, c in self._sxids.items()},
                 host=tuple(

@@ -52,8 +52,9 @@ class SimAgent:
             overrides["probe"] = probe
         loaded = load_config(None, overrides)
         # The one simulated-node factory (gpuwatch.simulation): its vendor backend (the real AMD SMI backend over the
-        # simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe slowdown.
-        sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
+        # simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.
+        self.sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
+        sources = self.sources
         self.slot = sources.slots[0]
         self.agent = Agent(loaded, sources, clock=self.clock.wall, monotonic=self.clock.mono)
         self.agent.collectors.register(threads=False)  # xid_events: run() reads the events, no thread does

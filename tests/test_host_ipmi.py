@@ -14,10 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch.host.ipmi import (
+    PSU_COMMAND,
+    SENSOR_COMMAND,
     THRESHOLDS,
     IpmiError,
     IpmiReader,
     IpmiSensor,
+    LocalBmc,
     PsuState,
     parse_psu_states,
     parse_sensor_list,
@@ -34,15 +37,22 @@ def recorded(vendor: str) -> dict[str, str]:
     return {name: (FIXTURES / vendor / f"{name}.txt").read_text() for name in ("sensor", "psu")}
 
 
-def replay(outputs: dict[str, str]) -> object:
-    def run(argv: Sequence[str], _timeout: float) -> str:
-        return outputs["psu"] if "sdr" in argv else outputs["sensor"]
+class RecordedBmc:
+    """A BMC that answers with what a real one printed (tests/fixtures/ipmi/<vendor>/)."""
 
-    return run
+    def __init__(self, outputs: dict[str, str]) -> None:
+        self.outputs = outputs
+
+    def usable(self) -> tuple[bool, str]:
+        return True, "recorded"
+
+    def run(self, command: Sequence[str], _timeout_s: float) -> str:
+        assert tuple(command) in (SENSOR_COMMAND, PSU_COMMAND), command
+        return self.outputs["psu"] if tuple(command) == PSU_COMMAND else self.outputs["sensor"]
 
 
 def reader_for(outputs: dict[str, str], state: Path | None = None) -> IpmiReader:
-    return IpmiReader(runner=replay(outputs), state_path=state, availability=lambda: (True, "recorded"))  # type: ignore[arg-type]
+    return IpmiReader(RecordedBmc(outputs), state_path=state)
 
 
 def rails(reader: IpmiReader) -> dict[str, tuple[float, float | None, float | None]]:
@@ -212,7 +222,7 @@ def test_a_supply_seen_once_that_disappears_is_down_and_remembered_across_restar
     memory = reader_for(recorded("lenovo_xcc"))
     memory.read()
     outputs_gone = {**recorded("lenovo_xcc"), "psu": ""}
-    memory._runner = replay(outputs_gone)  # type: ignore[assignment]
+    memory.bmc = RecordedBmc(outputs_gone)
     assert {p.psu: p.up for p in memory.read().psus} == {"PSU1": False, "PSU2": False}
 
 
@@ -244,7 +254,7 @@ def test_through_a_real_child_process(tmp_path: Path) -> None:
     )
     device = tmp_path / "ipmi0"
     device.write_text("")
-    reader = IpmiReader(ipmitool=str(tool), device=device, timeout_s=30)
+    reader = IpmiReader(LocalBmc(str(tool), device), timeout_s=30)
     assert reader.usable()[0]
     sample = reader.read()
     assert {v.sensor for v in sample.voltages} >= {"12V", "5VCC"}
@@ -258,7 +268,7 @@ def test_a_hung_ipmitool_is_killed_at_its_timeout(tmp_path: Path) -> None:
     )
     device = tmp_path / "ipmi0"
     device.write_text("")
-    reader = IpmiReader(ipmitool=str(tool), device=device, timeout_s=1.0)
+    reader = IpmiReader(LocalBmc(str(tool), device), timeout_s=1.0)
     with pytest.raises(IpmiError, match="longer than 1 s and was killed"):
         reader.read()
     pid = int(pidfile.read_text())
@@ -273,16 +283,16 @@ def test_a_failing_ipmitool_says_why(tmp_path: Path) -> None:
     device = tmp_path / "ipmi0"
     device.write_text("")
     with pytest.raises(IpmiError, match="exited 1: Could not open device"):
-        IpmiReader(ipmitool=str(tool), device=device).read()
+        IpmiReader(LocalBmc(str(tool), device)).read()
 
 
 def test_usable_says_what_is_missing(tmp_path: Path) -> None:
-    assert IpmiReader(ipmitool=str(tmp_path / "nope")).usable() == (
+    assert IpmiReader(LocalBmc(str(tmp_path / "nope"))).usable() == (
         False,
         f"{tmp_path / 'nope'} not found (apt-get install ipmitool)",
     )
     tool = fake_ipmitool(tmp_path, "")
-    ok, why = IpmiReader(ipmitool=str(tool), device=tmp_path / "ipmi0").usable()
+    ok, why = IpmiReader(LocalBmc(str(tool), tmp_path / "ipmi0")).usable()
     assert not ok and "no " + str(tmp_path / "ipmi0") in why
 
 
@@ -315,7 +325,7 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
     tool = fake_ipmitool(tmp_path, "")
     device = tmp_path / "ipmi0"
     device.write_text("")
-    reader = IpmiReader(ipmitool=str(tool), device=device)
+    reader = IpmiReader(LocalBmc(str(tool), device))
     assert reader.usable()[0]  # present and openable: usable
 
     real_access, real_open = os.access, os.open
@@ -347,7 +357,7 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
     out = capsys.readouterr().out
     assert "ipmi: unavailable: BMC present but not accessible" in out and "no BMC" not in out
 
-    absent = IpmiReader(ipmitool=str(tool), device=tmp_path / "no-ipmi0")  # no device at all: still just info
+    absent = IpmiReader(LocalBmc(str(tool), tmp_path / "no-ipmi0"))  # no device at all: still just info
     assert check_host([HostSource("ipmi", absent, 60.0, absent.usable)], ["hwmon"])[0][0] == "info"
 
 

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from gpuwatch import exposition_cache
 from gpuwatch.exposition_cache import CachedExposition
 from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiReader
+from gpuwatch.host.ipmi import IpmiReader, LocalBmc
 from gpuwatch.store import SampleStore
 
 SENSOR = b"12V\xff\xfe | 12.100 | Volts | ok | na | 10.8 | 11.2 | 12.8 | 13.2 | na\n"
@@ -29,7 +29,7 @@ def test_a_non_utf8_bmc_sensor_name_keeps_ipmi_working(tmp_path: Path) -> None:
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     device = tmp_path / "ipmi0"
     device.write_text("")
-    sample = IpmiReader(ipmitool=str(tool), device=device, timeout_s=30).read()
+    sample = IpmiReader(LocalBmc(str(tool), device), timeout_s=30).read()
     assert [v.sensor for v in sample.voltages] == ["12V\ufffd\ufffd"]
 
 

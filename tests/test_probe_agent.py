@@ -83,3 +83,41 @@ def test_persisted_baselines_are_exported_from_start_up_not_after_the_first_prob
         if restarted.proc.poll() is None:
             restarted.proc.kill()
             restarted.proc.communicate()
+
+
+def test_stop_during_a_probe_round_leaves_no_thread_or_worker_of_the_agent(tmp_path: Path) -> None:
+    """An in-process agent (scheduler, event thread, HTTP server, probe round with a real worker child) stopped while
+    its probe worker runs: when stop() returns, the round has recorded its result and every thread the agent
+    started, and every worker process, has ended."""
+    import dataclasses
+    import threading
+
+    import psutil
+    from ports import free_port
+
+    from gpuwatch.agent import Agent as InProcessAgent
+    from gpuwatch.config import load_config
+    from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
+    from gpuwatch.simulation import build_sources
+
+    before = set(threading.enumerate())
+    agent_config = {"backend": "simulated", "state_dir": str(tmp_path), "listen": f"127.0.0.1:{free_port()}"}
+    config = load_config(None, {"agent": agent_config, "probe": {"interval_seconds": 1.0, "timeout_seconds": 60.0}})
+    slow = simulated_probe_launcher({}, tmp_path, seconds=60.0)
+    agent = InProcessAgent(config, dataclasses.replace(build_sources(config), probe_launcher=slow))
+    agent.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (agent.probe is not None and agent.probe.workers.running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent.probe is not None and agent.probe.workers.running, "no probe round started"
+        workers = [child.proc.pid for child in agent.probe.workers.running]
+    finally:
+        started = time.monotonic()
+        agent.stop()
+    assert time.monotonic() - started < 2.5
+    left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert left == [], f"threads of the agent alive after stop(): {left}"
+    assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    runs = agent.store.probe.view().runs
+    assert sum(counts["failed"] for counts in runs.values()) == len(workers)

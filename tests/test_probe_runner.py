@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -18,20 +19,60 @@ import pytest
 from simnode import SimAgent
 
 from gpuwatch.config import ProbeSection
+from gpuwatch.probe.children import PROC_PID_INIT_INO, _pids_of, pid_namespace_inode
+from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.locks import try_lock, unlock
-from gpuwatch.probe.runner import PROC_PID_INIT_INO, ProbeRunner, _pids_of, pid_namespace_inode
+from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.probebook import RESULTS
+from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=30.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
 )
 
 
-def runner(sim: SimAgent, tmp_path: Path, settings: ProbeSection = QUICK, **kw: object) -> ProbeRunner:
-    """A runner over the SimAgent's store; simulated worker unless a worker_command is given."""
-    kw.setdefault("simulated_slowdown", sim.node.probe_slowdown)
-    kw.setdefault("pid_namespace_inode", lambda: PROC_PID_INIT_INO)  # the host's, even where CI runs in a container
-    return ProbeRunner(settings, sim.agent.store, tmp_path, clock=sim.clock.wall, **kw)  # type: ignore[arg-type]
+def host_namespace() -> int:
+    return PROC_PID_INIT_INO  # the host's, even where CI runs in a container
+
+
+def fixed(
+    command: list[str],
+    engines: Callable[[], list[str]] = lambda: ["script"],
+    inode: Callable[[], int | None] = host_namespace,
+) -> WorkerLauncher:
+    """A script standing in for the worker on every GPU, with these engines, in this PID namespace."""
+    return WorkerLauncher(lambda _identity: command, engines, inode)
+
+
+def runner(
+    sim: SimAgent,
+    tmp_path: Path,
+    settings: ProbeSection = QUICK,
+    *,
+    command: list[str] | None = None,
+    launcher: WorkerLauncher | None = None,
+    **kw: object,
+) -> ProbeRunner:
+    """A runner over the SimAgent's store, starting the simulated node's worker (its launcher, as the agent's), or
+    `command` standing in for the worker, or what `launcher` starts."""
+    if launcher is None and command is not None:
+        launcher = fixed(command)
+    launcher = launcher or sim.sources.probe_launcher
+    return ProbeRunner(settings, sim.agent.store, tmp_path, clock=sim.clock.wall, launcher=launcher, **kw)  # type: ignore[arg-type]
+
+
+def production(
+    engines: list[str], inode: int | None = PROC_PID_INIT_INO, command: list[str] | None = None
+) -> WorkerLauncher:
+    """The production launcher (the real worker, unless `command`), with these engines in this PID namespace."""
+    if command is None:
+        return WorkerLauncher(engines=lambda: engines, pid_namespace_inode=lambda: inode)
+    return fixed(command, lambda: engines, lambda: inode)
+
+
+def faulty(tmp_path: Path, fault: str = "none", seconds: float = 0.2) -> WorkerLauncher:
+    """The simulated worker, misbehaving (a real child that crashes, hangs or answers garbage) or slow."""
+    return simulated_probe_launcher({}, tmp_path, fault=fault, seconds=seconds)
 
 
 @pytest.fixture
@@ -73,7 +114,7 @@ def test_a_hanging_worker_is_killed_with_its_process_group_at_the_timeout(sim: S
         """)
     )
     settings = dataclasses.replace(QUICK, timeout_seconds=2.0)
-    outcomes = runner(sim, tmp_path, settings, worker_command=[sys.executable, str(script)]).run(gpus={0})
+    outcomes = runner(sim, tmp_path, settings, command=[sys.executable, str(script)]).run(gpus={0})
     assert [o.result for o in outcomes] == ["timeout"]
     grandchild = int(pidfile.read_text())
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
@@ -82,25 +123,23 @@ def test_a_hanging_worker_is_killed_with_its_process_group_at_the_timeout(sim: S
 
 
 def test_a_crashing_worker_is_failed_with_the_reason(sim: SimAgent, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-fault", "crash"]
-    outcomes = runner(sim, tmp_path, worker_command=command).run(gpus={0})
+    outcomes = runner(sim, tmp_path, launcher=faulty(tmp_path, "crash")).run(gpus={0})
     assert outcomes[0].result == "failed" and "SIGABRT" in outcomes[0].reason
 
 
 def test_a_worker_with_a_malformed_result_is_failed(sim: SimAgent, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-fault", "garbage"]
-    outcomes = runner(sim, tmp_path, worker_command=command).run(gpus={0})
+    outcomes = runner(sim, tmp_path, launcher=faulty(tmp_path, "garbage")).run(gpus={0})
     assert outcomes[0].result == "failed" and "malformed" in outcomes[0].reason
 
 
 def test_no_engine_is_skipped_unsupported_never_failed(sim: SimAgent, tmp_path: Path) -> None:
     # The agent's cheap look (nothing importable) ...
-    outcomes = runner(sim, tmp_path, simulated_slowdown=None, engines=lambda: []).run()
+    outcomes = runner(sim, tmp_path, launcher=production(engines=[])).run()
     assert {o.result for o in outcomes} == {"skipped_unsupported"}
     assert "pip install" in outcomes[0].reason
     # ... and the worker's own answer when the engine it was told to use is missing.
     engine = dataclasses.replace(QUICK, engine="cupy")
-    outcomes = runner(sim, tmp_path, engine, simulated_slowdown=None, engines=lambda: ["cupy"]).run(gpus={0})
+    outcomes = runner(sim, tmp_path, engine, launcher=production(engines=["cupy"])).run(gpus={0})
     assert outcomes[0].result == "skipped_unsupported", outcomes[0].reason
 
 
@@ -113,14 +152,7 @@ def test_a_container_pid_namespace_is_skipped_unsupported_and_says_why(
     assert pid_namespace_inode(other) == other.stat().st_ino != PROC_PID_INIT_INO
     assert pid_namespace_inode(tmp_path / "missing") is None
     command = [sys.executable, "-c", "print('not a result')"]  # a worker that ran is `failed`, never skipped
-    probe = runner(
-        sim,
-        tmp_path,
-        simulated_slowdown=None,
-        worker_command=command,
-        engines=lambda: ["cupy"],
-        pid_namespace_inode=lambda: pid_namespace_inode(other),
-    )
+    probe = runner(sim, tmp_path, launcher=production(["cupy"], pid_namespace_inode(other), command))
     with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
         first, second = probe.run(), probe.run()
     assert {o.result for o in first + second} == {"skipped_unsupported"}  # the worker never ran (it would fail)
@@ -128,14 +160,7 @@ def test_a_container_pid_namespace_is_skipped_unsupported_and_says_why(
     assert sum("own PID namespace" in r.getMessage() for r in caplog.records) == 1  # logged once, not every round
     # The host's namespace, or one that cannot be read (no /proc/self/ns): the probe runs (and its worker fails).
     for inode in (PROC_PID_INIT_INO, None):
-        ran = runner(
-            sim,
-            tmp_path,
-            simulated_slowdown=None,
-            worker_command=command,
-            engines=lambda: ["cupy"],
-            pid_namespace_inode=lambda inode=inode: inode,
-        ).run(gpus={0})
+        ran = runner(sim, tmp_path, launcher=production(["cupy"], inode, command)).run(gpus={0})
         assert ran[0].result == "failed", ran[0].reason
 
 
@@ -189,15 +214,14 @@ def test_one_busy_gpu_keeps_the_whole_node_from_being_probed(sim: SimAgent, tmp_
 
 
 def test_a_result_is_discarded_when_a_process_appears_meanwhile(sim: SimAgent, tmp_path: Path) -> None:
-    slow = [sys.executable, "-m", "gpuwatch.probe.worker", "--json", "--simulate-seconds", "3"]
-    probe = runner(sim, tmp_path, worker_command=slow)
+    probe = runner(sim, tmp_path, launcher=faulty(tmp_path, seconds=3.0))
     done: list[object] = []
     thread = threading.Thread(target=lambda: done.append(probe.run(gpus={0})))
     thread.start()
     snap = sim.agent.store.snapshot()
     uuid = next(u for u in snap.identities if snap.identities[u].index == 0)
     deadline = time.monotonic() + 10
-    while not probe._children and time.monotonic() < deadline:  # the child is running
+    while not probe.workers.running and time.monotonic() < deadline:  # the child is running
         time.sleep(0.01)
     sample = snap.samples[uuid]
     later = dataclasses.replace(sample, timestamp=sample.timestamp + 0.5, process_pids=(987654,))
@@ -256,8 +280,8 @@ def test_two_runners_at_once_never_run_a_gpu_twice(sim: SimAgent, tmp_path: Path
         sys.exit(3)
         """)
     )
-    a = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
-    b = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    a = runner(sim, tmp_path, command=[sys.executable, str(script)])
+    b = runner(sim, tmp_path, command=[sys.executable, str(script)])
     threads = [threading.Thread(target=lambda r=r: r.run(gpus={0}, explicit=True, wait_for_locks=True)) for r in (a, b)]
     for t in threads:
         t.start()
@@ -309,7 +333,7 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
     monkeypatch.setattr(children, "KILL_WAIT_SECONDS", 0.3)
     monkeypatch.setattr(children.os, "killpg", lambda pid, sig: None)
     settings = dataclasses.replace(QUICK, timeout_seconds=1.0)
-    probe = runner(sim, tmp_path, settings, worker_command=[sys.executable, str(script)])
+    probe = runner(sim, tmp_path, settings, command=[sys.executable, str(script)])
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
         outcomes = probe.run(gpus={0})
@@ -320,7 +344,7 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
     fd = try_lock(tmp_path, gpu0, wait=False)  # the lock was released although the worker lives on
     assert fd is not None
     unlock(fd)
-    (stuck,) = probe._stuck
+    (stuck,) = probe.workers.stuck
     assert stuck.proc.poll() is None
     # While it is still alive, the next round does not start another worker on that GPU.
     sim.run(1.0)
@@ -332,7 +356,7 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
         assert [o.result for o in probe.run(gpus={0})] == ["timeout"]
     assert "survived SIGKILL has exited" in caplog.text
     assert stuck.proc.returncode is not None
-    for child in probe._stuck:  # the second round's worker is stuck too (killpg still patched): end it for real
+    for child in probe.workers.stuck:  # the second round's worker is stuck too (killpg still patched): end it for real
         os.kill(child.proc.pid, 9)
         child.proc.wait(timeout=5)
 
@@ -349,13 +373,14 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     script.write_text(
         textwrap.dedent("""
         import json, subprocess, sys
-        out = subprocess.run([sys.executable, "-m", "gpuwatch.probe.worker", *sys.argv[1:]], capture_output=True)
+        worker = [sys.executable, "-m", "gpuwatch.simulated.probe_worker", *sys.argv[1:]]
+        out = subprocess.run(worker, capture_output=True)
         doc = json.loads(out.stdout.decode().strip().splitlines()[-1])
         doc["power_capped"] = False
         print(json.dumps(doc))
         """)
     )
-    probe = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    probe = runner(sim, tmp_path, command=[sys.executable, str(script)])
     for _ in range(UNCAPPED_PROBES_TO_ESTABLISH - 1):
         (outcome,) = probe.run(gpus={0})
         assert outcome.result == "ok" and outcome.baseline_flops is None
@@ -378,13 +403,14 @@ def test_an_engine_fallback_is_noted_on_every_result_and_logged_once(
     script.write_text(
         textwrap.dedent("""
         import json, subprocess, sys
-        out = subprocess.run([sys.executable, "-m", "gpuwatch.probe.worker", *sys.argv[1:]], capture_output=True)
+        worker = [sys.executable, "-m", "gpuwatch.simulated.probe_worker", *sys.argv[1:]]
+        out = subprocess.run(worker, capture_output=True)
         doc = json.loads(out.stdout.decode().strip().splitlines()[-1])
         doc["engines_passed_over"] = ["cupy: CuPy 13.9.9 cannot reach a GPU: cudaErrorInsufficientDriver"]
         print(json.dumps(doc))
         """)
     )
-    probe = runner(sim, tmp_path, worker_command=[sys.executable, str(script)])
+    probe = runner(sim, tmp_path, command=[sys.executable, str(script)])
     with caplog.at_level(logging.WARNING, logger="gpuwatch"):
         first, second = probe.run(gpus={0})[0], probe.run(gpus={0})[0]
     for outcome in (first, second):
@@ -410,7 +436,7 @@ def test_an_amd_worker_is_pinned_with_a_token_rocr_takes(tmp_path: Path) -> None
             f"open({str(seen)!r}, 'w').write(json.dumps({{k: v for k, v in os.environ.items() if 'VISIBLE' in k}}))\n"
             "sys.exit(3)\n"
         )
-        runner(sim, tmp_path, worker_command=[sys.executable, str(script)]).run(gpus={1})
+        runner(sim, tmp_path, command=[sys.executable, str(script)]).run(gpus={1})
         unique_id = int(sim.node.spec(1).serial, 16)
         assert json.loads(seen.read_text()) == {"ROCR_VISIBLE_DEVICES": f"GPU-{unique_id:016X}"}
     finally:
@@ -447,3 +473,29 @@ def test_a_slow_gpu_is_a_warning_once_and_its_recovery_a_line(caplog: pytest.Log
         ("WARNING", "probe on GPU 6 computes 80 % of its own baseline"),
         ("INFO", "probe on GPU 6 is back at 99 % of its baseline"),
     ]
+
+
+def test_stop_returns_once_the_round_has_recorded_its_results_and_released_its_locks(
+    sim: SimAgent, tmp_path: Path
+) -> None:
+    """The agent's stop() must leave no probe bookkeeping behind it: the round whose worker it killed has recorded
+    its result, joined its output readers and released the GPU's lock by the time stop() returns (it returned as
+    soon as the children were killed, and the round wrote to the store ~50 ms later, after the agent had stopped)."""
+    probe = runner(sim, tmp_path, launcher=faulty(tmp_path, seconds=30.0))
+    thread = threading.Thread(target=lambda: probe.run(gpus={0}), name="round")
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not probe.workers.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (child,) = probe.workers.running
+    gpu0 = child.identity.uuid
+    started = time.monotonic()
+    assert probe.stop()
+    assert time.monotonic() - started < 2.0
+    assert sim.agent.store.probe.view().runs[gpu0]["failed"] == 1  # recorded before stop() returned
+    assert sim.agent.store.probe.view().last_any[gpu0].reason == "the agent stopped while the probe ran"
+    assert child.proc.poll() is not None and not any(reader.is_alive() for reader in child.readers)
+    fd = try_lock(tmp_path, gpu0, wait=False)
+    assert fd is not None, "the GPU's probe lock outlived stop()"
+    unlock(fd)
+    thread.join(5)

@@ -17,8 +17,8 @@ WORKER = [sys.executable, "-m", "gpuwatch.probe.worker", "--json"]
 TINY = ["--size", "64", "--warmup-min", "0.02", "--warmup-max", "0.05", "--measure", "0.05", "--copy-mib", "1"]
 
 
-def run(*args: str, stdin: str = "") -> tuple[int, dict]:  # type: ignore[type-arg]
-    proc = subprocess.run([*WORKER, *args], input=stdin, capture_output=True, text=True, timeout=120)
+def run(*args: str, stdin: str = "", command: list[str] = WORKER) -> tuple[int, dict]:  # type: ignore[type-arg]
+    proc = subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, timeout=120)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, f"one JSON line on stdout, got {proc.stdout!r} (stderr {proc.stderr[-500:]!r})"
     return proc.returncode, json.loads(lines[0])
@@ -84,10 +84,16 @@ def test_a_missing_engine_is_a_clear_no_engine_error() -> None:
 
 
 def test_the_simulated_worker_is_a_realistic_h100_slowed_by_the_scenario() -> None:
-    code, healthy = run("--simulate", "--seed", "1", "--simulate-seconds", "0")
+    """Its own entry point, a real child taking the production worker's arguments; the production worker has no
+    simulation left in it."""
+    sim = [sys.executable, "-m", "gpuwatch.simulated.probe_worker", "--json", "--seed", "1", "--seconds", "0"]
+    code, healthy = run(*TINY, "--power-signal", command=sim)
     assert code == 0 and 680e12 < healthy["flops_median"] < 700e12 and healthy["power_capped"] is True
-    code, slow = run("--simulate", "--seed", "1", "--simulate-seconds", "0", "--slowdown", "0.2")
+    assert healthy["shape"] == "64x64x64" and healthy["engine"] == "simulated"
+    code, slow = run("--slowdown", "0.2", command=sim)
     assert slow["flops_median"] == pytest.approx(0.8 * healthy["flops_median"])
+    refused = subprocess.run([*WORKER, "--simulate"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unrecognized arguments: --simulate" in refused.stderr
 
 
 def test_device_timing_loop_times_every_matmul_between_its_events() -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 from simnode import SimAgent
+from test_probe_runner import fixed
 
 from gpuwatch.config import ProbeSection
-from gpuwatch.probe.runner import PROC_PID_INIT_INO, ProbeRunner
+from gpuwatch.probe.runner import ProbeRunner
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=20.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
@@ -37,8 +38,7 @@ def runner(sim: SimAgent, tmp_path: Path, command: list[str], settings: ProbeSec
         sim.agent.store,
         tmp_path,
         clock=sim.clock.wall,
-        worker_command=command,
-        pid_namespace_inode=lambda: PROC_PID_INIT_INO,
+        launcher=fixed(command),
         memory_limit_bytes=LIMIT,
     )
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
 from gpuwatch.host.ipmi import PSU_STATE_KIND, IpmiReader
-from gpuwatch.simulated.host_sensors import SimulatedHost, simulated_bmc
+from gpuwatch.simulated.host_sensors import SimulatedBmc, SimulatedHost
 from gpuwatch.statefile import STATE_VERSION, atomic_write_json, read_json
 
 QUICK_PROBE = {
@@ -72,11 +72,7 @@ def test_state_dir_read_only_or_full_at_runtime(
 
     # Then the filesystem breaks, and a second agent (more GPUs: it must write) runs on the same state dir.
     second = SimAgent(tmp_path, gpus=3, probe=QUICK_PROBE)
-    bmc = IpmiReader(
-        runner=simulated_bmc(SimulatedHost(second.node)),
-        state_path=tmp_path / "host_psus.json",
-        availability=lambda: (True, "simulated BMC"),
-    )
+    bmc = IpmiReader(SimulatedBmc(SimulatedHost(second.node)), state_path=tmp_path / "host_psus.json")
     try:
         break_state_dir(monkeypatch, how)
         with caplog.at_level(logging.WARNING):

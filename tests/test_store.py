@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwatch.exporter import GpuwatchCollector
@@ -126,7 +129,7 @@ def test_missing_readings_are_absent_not_zero() -> None:
 
 def test_configured_power_limit_is_exported_beside_the_device_limits() -> None:
     store, clock, registry = setup()
-    store.configured_power_limit_watts = 650.0
+    store.configure(store.poll_interval_seconds, 650.0)
     store.record_poll([GpuReading(GPU0, sample("GPU-0", clock.now, power_limit_watts={"enforced": 700.0}))])
     assert value(registry, "gpuwatch_gpu_power_limit_watts", gpu="0", uuid="GPU-0", limit="configured") == 650.0
     assert value(registry, "gpuwatch_gpu_power_limit_watts", gpu="0", uuid="GPU-0", limit="enforced") == 700.0
@@ -177,3 +180,21 @@ def test_xids_stay_exported_after_the_gpu_is_lost() -> None:
     labels = {"gpu": "0", "uuid": "GPU-x", "xid": "79"}
     assert value(registry, "gpuwatch_gpu_up", gpu="0", uuid="GPU-x") == 0.0
     assert registry.get_sample_value("gpuwatch_gpu_xid_last_timestamp_seconds", labels) == 999_999.0
+
+
+def test_a_reload_changes_the_store_under_its_lock() -> None:
+    """A reload (the main thread) changes the poll interval and the configured power limit that the poll thread and
+    every scrape read: under the store's lock, so a snapshot sees the old pair or the new one, never one of each."""
+    store, _clock, _registry = setup()
+    store.configure(1.0, 500.0)
+    reload = threading.Thread(target=store.configure, args=(5.0, 650.0), name="reload")
+    with store._lock:  # a poll or a snapshot in progress
+        reload.start()
+        reload.join(0.2)
+        assert reload.is_alive(), "configure() wrote without the store's lock"
+        assert (store.poll_interval_seconds, store.configured_power_limit_watts) == (1.0, 500.0)
+    reload.join(5)
+    snap = store.snapshot()
+    assert (snap.poll_interval_seconds, snap.configured_power_limit_watts) == (5.0, 650.0)
+    with pytest.raises(AttributeError):
+        store.poll_interval_seconds = 2.0  # type: ignore[misc]  # read-only: configure() is the one way in

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiError, IpmiReader
+from gpuwatch.host.ipmi import IpmiError, IpmiReader, LocalBmc
 from gpuwatch.host.sensormap import load_sensor_maps
 from gpuwatch.model import HostSample
 
@@ -74,8 +74,7 @@ def build_host_sources(config: Config, *, clock: Callable[[], float] = time.time
         sources.append(HostSource("hwmon", reader, host.hwmon_interval_seconds, hwmon_usable(reader)))
     if "ipmi" not in disabled and host.ipmi != "off":
         ipmi = IpmiReader(
-            ipmitool=host.ipmitool,
-            device=Path(host.ipmi_device),
+            LocalBmc(host.ipmitool, Path(host.ipmi_device)),
             timeout_s=host.ipmi_timeout_seconds,
             state_path=config.state_dir / PSU_STATE_FILE,
             clock=clock,

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from gpuwatch.host.rails import declared_undervoltage, is_supply_rail, lower_limit, nominal_from_name
 from gpuwatch.model import HostPsu, HostPsuPower, HostReadingValue, HostSample, HostVoltage
@@ -266,35 +267,24 @@ def run_command(argv: Sequence[str], timeout_s: float) -> str:
     return out
 
 
-class IpmiReader:
-    """Reads the local BMC; remembers every supply it has seen, so one that disappears is exported as down."""
+class BmcAccess(Protocol):
+    """How the reader reaches a BMC: whether it can now (and if not, why), and one ipmitool command's output."""
 
-    source = "ipmi"
+    def usable(self) -> tuple[bool, str]: ...
 
-    def __init__(
-        self,
-        *,
-        ipmitool: str = "ipmitool",
-        device: Path = Path("/dev/ipmi0"),
-        timeout_s: float = 20.0,
-        runner: Runner = run_command,
-        state_path: Path | None = None,
-        clock: Callable[[], float] = time.time,
-        availability: Callable[[], tuple[bool, str]] | None = None,
-    ) -> None:
-        self.ipmitool = ipmitool
-        self.device = device
-        self.timeout_s = timeout_s
-        self._runner = runner
-        self._state_path = state_path
-        self._clock = clock
-        self._availability = availability  # replaces the ipmitool/device check (the simulated BMC)
-        self._seen: set[str] | None = None
+    def run(self, command: Sequence[str], timeout_s: float) -> str: ...  # IpmiError when it fails or times out
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBmc:
+    """The local BMC: `ipmitool -I open` on /dev/ipmiN, each command in a process of its own (`runner`)."""
+
+    ipmitool: str = "ipmitool"
+    device: Path = Path("/dev/ipmi0")
+    runner: Runner = run_command
 
     def usable(self) -> tuple[bool, str]:
         """Whether ipmitool and the BMC device are there and usable by this user, and if not, why."""
-        if self._availability is not None:
-            return self._availability()
         tool = shutil.which(self.ipmitool)
         if tool is None:
             return False, f"{self.ipmitool} not found (apt-get install ipmitool)"
@@ -310,16 +300,45 @@ class IpmiReader:
             return False, f"{INACCESSIBLE} ({self.device}: {exc.strerror or exc})"
         return True, f"{tool} via {self.device}"
 
-    def _argv(self, *command: str) -> list[str]:
+    def argv(self, *command: str) -> list[str]:
+        """ipmitool's command line for `command` on this device (`-d N` for /dev/ipmiN other than 0)."""
         argv = [self.ipmitool, "-I", "open"]
         number = re.search(r"(\d+)$", self.device.name)
         if number and number.group(1) != "0":
             argv += ["-d", number.group(1)]
         return argv + list(command)
 
+    def run(self, command: Sequence[str], timeout_s: float) -> str:
+        return self.runner(self.argv(*command), timeout_s)
+
+
+class IpmiReader:
+    """Reads a BMC (the local one unless another `bmc` is given); remembers every supply it has seen, so one that
+    disappears is exported as down."""
+
+    source = "ipmi"
+
+    def __init__(
+        self,
+        bmc: BmcAccess | None = None,
+        *,
+        timeout_s: float = 20.0,
+        state_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bmc: BmcAccess = bmc if bmc is not None else LocalBmc()
+        self.timeout_s = timeout_s
+        self._state_path = state_path
+        self._clock = clock
+        self._seen: set[str] | None = None
+
+    def usable(self) -> tuple[bool, str]:
+        """Whether the BMC can be read now, and if not, why."""
+        return self.bmc.usable()
+
     def read(self) -> HostSample:
-        sensors = parse_sensor_list(self._runner(self._argv(*SENSOR_COMMAND), self.timeout_s))
-        psus = parse_psu_states(self._runner(self._argv(*PSU_COMMAND), self.timeout_s))
+        sensors = parse_sensor_list(self.bmc.run(SENSOR_COMMAND, self.timeout_s))
+        psus = parse_psu_states(self.bmc.run(PSU_COMMAND, self.timeout_s))
         voltages, temperatures, fans = readings_from_sensors(sensors)
         supplies = self._psus(psus)
         return HostSample(

@@ -1,6 +1,6 @@
-"""The probe's worker processes: their command line, starting and killing them with their process group, reading
-their output, their resident memory and PIDs (NSpid), and what their exit says; gpuwatch/probe/runner.py is the
-policy that decides when they run and what their results mean."""
+"""The probe's worker processes, piece by piece: one child's record, killing it with its process group, reading its
+output, its resident memory and PIDs (NSpid), and what its exit says. gpuwatch/probe/supervisor.py puts them
+together; gpuwatch/probe/launch.py says what a worker is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,21 +20,6 @@ from gpuwatch.model import GpuIdentity, GpuSample
 KILL_WAIT_SECONDS = 5.0  # how long a SIGKILLed child may take to die before it is left to a later round's poll()
 PID_NAMESPACE_PATH = Path("/proc/self/ns/pid")
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode of the initial (host) PID namespace
-
-
-# The worker runs as root: `-I` (isolated mode) keeps the working directory, PYTHONPATH and the user site out of its
-# sys.path, so a file planted beside where `gpuwatch probe` was started (an argparse.py in /tmp) is never imported.
-# gpuwatch's own root is appended after the installed packages, which still covers a source checkout on PYTHONPATH.
-_WORKER_BOOTSTRAP = "import sys; sys.path.append({root!r}); from gpuwatch.probe.worker import main; sys.exit(main())"
-WORKER_CWD = "/"  # a fixed, root-owned working directory: nothing the child opens by a relative name is planted
-
-
-def worker_argv() -> list[str]:
-    """The worker's command line: isolated mode, gpuwatch imported from where this process imported it."""
-    import gpuwatch
-
-    root = str(Path(gpuwatch.__file__).resolve().parent.parent)
-    return [sys.executable, "-I", "-c", _WORKER_BOOTSTRAP.format(root=root), "--json"]
 
 
 @dataclass(slots=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.config import Config
+from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.store import SampleStore
 
@@ -37,17 +38,17 @@ class ProbeCollector:
 
 def collectors(context: CollectorContext, name: str) -> list[ProbeCollector]:
     """The agent's probe, or none when it is off (interval 0)."""
-    runner = agent_probe_runner(context.config(), context.store, context.sources.probe_slowdown, context.clock)
+    runner = agent_probe_runner(context.config(), context.store, context.sources.probe_launcher, context.clock)
     return [] if runner is None else [ProbeCollector(runner)]
 
 
 def agent_probe_runner(
     config: Config,
     store: SampleStore,
-    simulated_slowdown: Mapping[int, float] | None,
+    launcher: WorkerLauncher | None,
     clock: Callable[[], float] = time.time,
 ) -> ProbeRunner | None:
     """The agent's runner, or None when the probe is off (interval 0 or --disable-collector probe)."""
     if config.probe.interval_seconds <= 0 or "probe" in config.agent.disable_collectors:
         return None
-    return ProbeRunner(config.probe, store, config.state_dir, simulated_slowdown=simulated_slowdown, clock=clock)
+    return ProbeRunner(config.probe, store, config.state_dir, launcher=launcher, clock=clock)

@@ -388,21 +388,24 @@ def _host_memcpy(copy: Any, nbytes: int, repeats: int = 3) -> dict[str, Any]:
     }
 
 
-def describe_engines(config: Any) -> str:
-    """`gpuwatch check`'s line about the probe engine (found without importing it)."""
+ENGINE_DISTRIBUTIONS = {"cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "torch": ("torch",)}
+
+
+def describe_engines(config: Any, found: list[str]) -> str:
+    """`gpuwatch check`'s line about the probe engine: `found` is what the node's probe launcher finds (the
+    production one: available_engines(), without importing them)."""
     if config.probe.interval_seconds == 0 or "probe" in config.agent.disable_collectors:
         return "[ok] probe: off"
-    if config.agent.backend == "simulated":
-        return "[ok] probe engine: simulated worker"
-    found = available_engines()
     if not found:
         return (
             "[warn] probe engine: none installed; every probe is skipped_unsupported "
             "(pip install 'gpuwatch[probe]' for CuPy, or install PyTorch)"
         )
+    if not set(found) & set(ENGINE_DISTRIBUTIONS):  # a worker of another launcher: nothing to look up
+        return f"[ok] probe engine: {', '.join(found)}"
     versions = []
     for name in found:
-        dist = {"cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "torch": ("torch",)}[name]
+        dist = ENGINE_DISTRIBUTIONS.get(name, ())
         version = next((v for d in dist if (v := _dist_version(d)) is not None), "unknown version")
         versions.append(f"{name} {version}")
     chosen = config.probe.engine if config.probe.engine != "auto" else found[0]

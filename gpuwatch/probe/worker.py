@@ -8,7 +8,7 @@ three: from the first warm-up matmul to the end of the last copy.
 
 Exit status: 0 with a result; 3 when the probe cannot run here (no engine: ``{"ok": false, "error": "no_engine"}``,
 which the runner counts as skipped_unsupported, never failed); 1 on any other failure (``"error": "failed"``).
-``--simulate`` produces a realistic H100 result without an engine, for ``--backend simulated`` and tests.
+Any other worker a launcher starts (gpuwatch/probe/launch.py) takes these arguments and answers the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import select
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 EXIT_OK = 0
@@ -28,13 +27,12 @@ EXIT_FAILED = 1
 EXIT_NO_ENGINE = 3
 CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
 
-# The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
-SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
-SIM_H2D, SIM_D2H = 53.5e9, 52.6e9  # pinned copies over PCIe gen 5 x16
 
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpuwatch.probe.worker", description=__doc__)
+def build_parser(
+    prog: str = "python -m gpuwatch.probe.worker", description: str | None = __doc__
+) -> argparse.ArgumentParser:
+    """The worker's command line: what the runner passes every worker (gpuwatch/probe/supervisor.py)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--json", action="store_true", help="print the result as JSON (the only output format)")
     p.add_argument("--uuid", default="", help="the GPU's UUID (for the record; pinning is by the environment)")
     p.add_argument("--vendor", choices=("nvidia", "amd"), default="nvidia")
@@ -47,21 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", type=float, default=1.0, help="measured window (s)")
     p.add_argument("--copy-mib", type=int, default=256, help="size of each host<->device copy (MiB); 0 = none")
     p.add_argument("--power-signal", action="store_true", help=f"the runner writes {CAPPED_LINE!r} on stdin")
-    p.add_argument("--simulate", action="store_true", help="no engine: a simulated H100 result")
-    p.add_argument("--slowdown", type=float, default=0.0, help="(simulate) share of throughput lost")
-    p.add_argument("--seed", type=int, default=0, help="(simulate) noise seed")
-    p.add_argument("--simulate-seconds", type=float, default=0.2, help="(simulate) how long the GPU work takes")
-    p.add_argument("--simulate-fault", choices=("none", "crash", "hang", "garbage"), default="none")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return answer(measure, build_parser().parse_args(argv))
+
+
+def answer(work: Callable[[argparse.Namespace], dict[str, Any]], args: argparse.Namespace) -> int:
+    """Run `work` and print its one JSON document (or the error's) on stdout; the exit status of the contract."""
     # Libraries print to stdout at times; keep it for our one JSON document and send everything else to stderr.
     out_fd = os.dup(1)
     os.dup2(2, 1)
     try:
-        doc = simulate(args) if args.simulate else measure(args)
+        doc = work(args)
         code = EXIT_OK
     except _NoEngine as exc:
         doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, EXIT_NO_ENGINE
@@ -73,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _NoEngine(Exception):
-    pass
+    """The probe cannot run here (no engine): exit 3, skipped_unsupported."""
 
 
 class _CapSignal:
@@ -130,7 +127,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine.synchronize()
     gpu_time = time.perf_counter() - warm_started  # the GPU was ours from the first warm-up matmul to the last copy
     return {
-        **_throughput(args, median, p10, p90),
+        **throughput_fields(args, median, p10, p90),
         "engine": engine.name,
         "engine_version": engine.version,
         "blas_version": engine.blas_version,
@@ -147,8 +144,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _throughput(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:
-    """The part of a result the real and the simulated worker share (WorkerResult.from_json reads it)."""
+def throughput_fields(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:
+    """The throughput part of a result, which every worker reports alike (WorkerResult.from_json reads it)."""
     n = args.size
     return {
         "ok": True,
@@ -168,41 +165,6 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def simulate(args: argparse.Namespace) -> dict[str, Any]:
-    """A healthy H100 at its power cap, slowed by `--slowdown`, with the noise a real probe shows (CV ~0.2 %)."""
-    if args.simulate_fault == "crash":
-        os.abort()
-    if args.simulate_fault == "hang":
-        while True:
-            time.sleep(60)
-    if args.simulate_fault == "garbage":
-        return {"ok": True, "flops_median": "fast"}
-    from gpuwatch import __version__
-
-    rng = random.Random(args.seed)
-    time.sleep(max(0.0, args.simulate_seconds))
-    median = SIM_FLOPS[args.dtype] * (1.0 - args.slowdown) * (1.0 + rng.gauss(0.0, 0.002))
-    p10 = median * (1.0 - 0.045 - abs(rng.gauss(0.0, 0.01)))
-    p90 = median * (1.0 + 0.035 + abs(rng.gauss(0.0, 0.01)))
-    return {
-        **_throughput(args, median, p10, p90),
-        "engine": "simulated",
-        "engine_version": __version__,
-        "blas_version": "simulated",
-        "device": "simulated",
-        "iterations": 650,
-        "gpu_time_seconds": args.warmup_min + args.measure,
-        "warmup_seconds": args.warmup_min,
-        "power_capped": True,
-        "startup_seconds": 0.0,
-        "wall_seconds": args.simulate_seconds,
-        "copy_kind": "simulated",
-        "copy_bytes": args.copy_mib * 2**20,
-        "h2d_bytes_per_second": SIM_H2D * (1.0 + rng.gauss(0.0, 0.003)),
-        "d2h_bytes_per_second": SIM_D2H * (1.0 + rng.gauss(0.0, 0.003)),
-    }
 
 
 if __name__ == "__main__":

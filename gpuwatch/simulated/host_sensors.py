@@ -166,17 +166,22 @@ class SimulatedHwmonReader(HwmonReader):
         return super().read()
 
 
-def simulated_bmc(host: SimulatedHost) -> Callable[[Sequence[str], float], str]:
-    """A stand-in for running ipmitool: answers the two commands the reader sends, as the BMC would."""
+class SimulatedBmc:
+    """The node's BMC, as the IPMI reader reaches it: always there, answering the two commands the reader sends
+    with what ipmitool would print for this node now."""
 
-    def run(argv: Sequence[str], _timeout_s: float) -> str:
-        if "sensor" in argv:
-            return host.sensor_output()
-        if list(argv[-3:]) == ["sdr", "type", "Power Supply"]:
-            return host.psu_output()
-        raise AssertionError(f"the simulated BMC does not answer {argv}")
+    def __init__(self, host: SimulatedHost) -> None:
+        self._host = host
 
-    return run
+    def usable(self) -> tuple[bool, str]:
+        return True, "simulated BMC"
+
+    def run(self, command: Sequence[str], _timeout_s: float) -> str:
+        if list(command) == ["sensor"]:
+            return self._host.sensor_output()
+        if list(command) == ["sdr", "type", "Power Supply"]:
+            return self._host.psu_output()
+        raise AssertionError(f"the simulated BMC does not answer ipmitool {' '.join(command)}")
 
 
 def simulated_host_sources(
@@ -191,7 +196,7 @@ def simulated_host_sources(
         found = (True, "simulated: pmbus-i2c-7-58, pmbus-i2c-7-59, coretemp, nvme")
         sources.append(HostSource("hwmon", reader, config.host.hwmon_interval_seconds, lambda: found))
     if "ipmi" not in disabled and config.host.ipmi != "off":
-        ipmi = IpmiReader(runner=simulated_bmc(host), clock=clock, availability=lambda: (True, "simulated BMC"))
+        ipmi = IpmiReader(SimulatedBmc(host), clock=clock)
         sources.append(HostSource("ipmi", ipmi, config.host.ipmi_interval_seconds, ipmi.usable))
     return sources
 

@@ -1,0 +1,78 @@
+"""The simulated node's probe worker, a real child process: ``python -m gpuwatch.simulated.probe_worker --json ...``
+takes the production worker's arguments (gpuwatch/probe/worker.py), answers with its JSON contract and exit status,
+and reports a healthy H100 SXM at its power cap without an engine, slowed by ``--slowdown``.
+
+``--fault`` makes it misbehave as a broken worker would (crash: SIGABRT; hang: never answers; garbage: a result
+the runner must reject), for the tests of the runner's supervision. gpuwatch/simulated/probe_launcher.py starts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpuwatch.probe.worker import answer, build_parser, throughput_fields
+
+# The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
+SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
+SIM_H2D, SIM_D2H = 53.5e9, 52.6e9  # pinned copies over PCIe gen 5 x16
+FAULTS = ("none", "crash", "hang", "garbage")
+
+
+def simulated_parser() -> argparse.ArgumentParser:
+    """The production worker's arguments, and the simulated GPU's."""
+    p = build_parser("python -m gpuwatch.simulated.probe_worker", __doc__)
+    p.add_argument("--slowdown", type=float, default=0.0, help="share of throughput lost (0.2 = 20 %% slow)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed")
+    p.add_argument("--seconds", type=float, default=0.2, help="how long the GPU work takes")
+    p.add_argument("--fault", choices=FAULTS, default="none", help="misbehave as a broken worker would")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return answer(simulate, simulated_parser().parse_args(argv))
+
+
+def simulate(args: argparse.Namespace) -> dict[str, Any]:
+    """A healthy H100 at its power cap (at once: --power-signal changes nothing), slowed by `--slowdown`, with the
+    noise a real probe shows (CV ~0.2 %)."""
+    if args.fault == "crash":
+        os.abort()
+    if args.fault == "hang":
+        while True:
+            time.sleep(60)
+    if args.fault == "garbage":
+        return {"ok": True, "flops_median": "fast"}
+    from gpuwatch import __version__
+
+    rng = random.Random(args.seed)
+    time.sleep(max(0.0, args.seconds))
+    median = SIM_FLOPS[args.dtype] * (1.0 - args.slowdown) * (1.0 + rng.gauss(0.0, 0.002))
+    p10 = median * (1.0 - 0.045 - abs(rng.gauss(0.0, 0.01)))
+    p90 = median * (1.0 + 0.035 + abs(rng.gauss(0.0, 0.01)))
+    return {
+        **throughput_fields(args, median, p10, p90),
+        "engine": "simulated",
+        "engine_version": __version__,
+        "blas_version": "simulated",
+        "device": "simulated",
+        "iterations": 650,
+        "gpu_time_seconds": args.warmup_min + args.measure,
+        "warmup_seconds": args.warmup_min,
+        "power_capped": True,
+        "startup_seconds": 0.0,
+        "wall_seconds": args.seconds,
+        "copy_kind": "simulated",
+        "copy_bytes": args.copy_mib * 2**20,
+        "h2d_bytes_per_second": SIM_H2D * (1.0 + rng.gauss(0.0, 0.003)),
+        "d2h_bytes_per_second": SIM_D2H * (1.0 + rng.gauss(0.0, 0.003)),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
