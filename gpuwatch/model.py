@@ -10,6 +10,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Vendor = Literal["nvidia", "amd"]
+EventKind = Literal["xid", "reset"]
+EventSource = Literal["nvml", "kmsg", "amdsmi"]  # who reported a GpuEvent: the vendor library or the kernel log
+HostSourceName = Literal["hwmon", "ipmi"]  # the host collector a HostSample comes from
+# The probe's choices, shared by the [probe] config section, the worker's flags and its engines.
+ProbeEngineChoice = Literal["auto", "cupy", "torch"]
+ProbeDtype = Literal["bf16", "fp16", "fp32"]
 
 # The one vocabulary of throttle reasons (docs/metrics.md, "Throttling").
 THROTTLE_REASONS: tuple[str, ...] = (
@@ -120,10 +126,10 @@ class GpuEvent:
     """Something that happened to a GPU at a moment: an XID error (NVIDIA) or a reset (AMD)."""
 
     uuid: str
-    kind: Literal["xid", "reset"]
+    kind: EventKind
     timestamp: float  # unix time the event happened (kernel log time for XIDs read from the log)
     code: int | None = None  # the XID number
-    source: str = "nvml"  # nvml, kmsg, amdsmi
+    source: EventSource = "nvml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +180,7 @@ class HostPsuPower:
 class HostSample:
     """One read of one host source (hwmon or ipmi); empty on a machine without that source (VMs, cloud nodes)."""
 
-    source: str  # the collector: hwmon, ipmi
+    source: HostSourceName
     timestamp: float
     voltages: tuple[HostVoltage, ...] = ()
     psus: tuple[HostPsu, ...] = ()

@@ -19,7 +19,7 @@ from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
 from gpuwatch.host.ipmi import IpmiError, IpmiReader
 from gpuwatch.host.sensormap import load_sensor_maps
-from gpuwatch.model import HostSample
+from gpuwatch.model import HostSample, HostSourceName
 
 if TYPE_CHECKING:
     from gpuwatch.config import Config
@@ -40,7 +40,7 @@ class HostReader(Protocol):
 class HostSource:
     """One host collector: its reader, how often it runs, and whether it is there at all on this machine."""
 
-    name: str  # hwmon, ipmi: the collector label and the --disable-collector name
+    name: HostSourceName  # the collector label and the --disable-collector name
     reader: HostReader
     interval_seconds: float
     usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)

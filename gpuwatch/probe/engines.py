@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 ITERATION_BATCH_SECONDS = 0.025  # how much work is queued between two looks at the clock
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuwatch.config import ProbeSection
 from gpuwatch.model import GpuIdentity, GpuSample
@@ -52,7 +53,7 @@ from gpuwatch.probe.readings import (
     held_down,
 )
 from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
-from gpuwatch.probebook import ProbeOutcome, WorkerResult
+from gpuwatch.probebook import ProbeOutcome, ProbeResult, WorkerResult
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -222,10 +223,10 @@ class ProbeRunner:
             self._store.probe.set_baseline(uuid, baseline.key.dtype, baseline.flops, _previous(baseline))
         return baselines
 
-    def _outcome(self, identity: GpuIdentity, result: str, reason: str = "", **kw: object) -> ProbeOutcome:
+    def _outcome(self, identity: GpuIdentity, result: ProbeResult, reason: str = "", **kw: Any) -> ProbeOutcome:
         if result not in ("ok",):
             log.debug("probe on GPU %d: %s (%s)", identity.index, result, reason)
-        return ProbeOutcome(identity.uuid, identity.index, result, reason, timestamp=self._clock(), **kw)  # type: ignore[arg-type]
+        return ProbeOutcome(identity.uuid, identity.index, result, reason, timestamp=self._clock(), **kw)
 
     # --- running ----------------------------------------------------------------------------------------------
 

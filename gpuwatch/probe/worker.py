@@ -21,7 +21,9 @@ import select
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
+
+from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -37,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpuwatch.probe.worker", description=__doc__)
     p.add_argument("--json", action="store_true", help="print the result as JSON (the only output format)")
     p.add_argument("--uuid", default="", help="the GPU's UUID (for the record; pinning is by the environment)")
-    p.add_argument("--vendor", choices=("nvidia", "amd"), default="nvidia")
-    p.add_argument("--engine", choices=("auto", "cupy", "torch"), default="auto")
+    p.add_argument("--vendor", choices=get_args(Vendor), default="nvidia")
+    p.add_argument("--engine", choices=get_args(ProbeEngineChoice), default="auto")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: run on the CPU (tests, CI)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--dtype", choices=get_args(ProbeDtype), default="bf16")
     p.add_argument("--size", type=int, default=8192, help="n of the n×n×n matmul")
     p.add_argument("--warmup-min", type=float, default=0.5, help="warm up at least this long (s)")
     p.add_argument("--warmup-max", type=float, default=1.5, help="give up waiting for the power limit after (s)")
