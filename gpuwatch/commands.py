@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from gpuwatch import __version__
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config import Config, ConfigError, parse_listen
+from gpuwatch.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.host.report import check_host, host_json, read_host
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import GpuReading, HostSample
@@ -24,10 +25,6 @@ from gpuwatch.sources import BackendSlot, amd_versions
 from gpuwatch.statedir import state_dir_problem, writable_problem
 from gpuwatch.thresholds import runbook_url
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
-
-EXIT_OK = 0
-EXIT_UNAVAILABLE = 69
-EXIT_CONFIG = 78
 
 
 def version() -> int:
@@ -415,7 +412,7 @@ def _check_web_config(config: Config, report: CheckReport) -> bool:
     try:
         web = load_web_config(Path(path))
     except ConfigError as exc:
-        report.line("FAIL", f"web config {path}", str(exc), "correct the file: gpuwatch run exits 78 on it")
+        report.line("FAIL", f"web config {path}", str(exc), f"correct the file: gpuwatch run exits {EXIT_CONFIG} on it")
         return False
     tls = "TLS" if web.tls is not None else "plain HTTP"
     if web.tls is not None and web.client_allowed_sans:

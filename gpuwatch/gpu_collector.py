@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.config import Config
+from gpuwatch.latch import Latch
 from gpuwatch.sources import BackendSlot
 from gpuwatch.store import SampleStore
 
@@ -37,6 +38,7 @@ class VendorCollectors:
         self._config = config
         self._monotonic = monotonic
         self._stopping = stopping
+        self._down = Latch(log)  # by slot name: a backend down is said once, and once when it is back
 
     def poll_interval_seconds(self) -> float:
         return self._config().agent.poll_interval_seconds
@@ -93,29 +95,31 @@ class VendorCollectors:
             backend = slot.factory()
             backend.open()
         except Exception as exc:  # a bug in a backend is a library that cannot be used: backoff, never a loop
-            if not isinstance(exc, BackendUnavailable) and not slot.down_reported:
-                log.exception("%s failed to open unexpectedly", slot.name)
-            self._failed(slot, now, str(exc) if isinstance(exc, BackendUnavailable) else repr(exc))
+            expected = isinstance(exc, BackendUnavailable)
+            self._failed(slot, now, str(exc) if expected else repr(exc), traceback=not expected)
             return None
         with slot.lock:
             slot.backend = backend
         slot.backoff = 1.0
         slot.last_slow_poll = -math.inf
         self._store.set_backend(slot.name, True)
-        if slot.down_reported:
-            log.info("%s is available again", slot.name)
-        slot.down_reported = False
+        self._down.recover("%s is available again", slot.name, key=slot.name)
         return backend
 
-    def _failed(self, slot: BackendSlot, now: float, message: str) -> None:
+    def _failed(self, slot: BackendSlot, now: float, message: str, traceback: bool = False) -> None:
         """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
         self._store.set_backend(slot.name, False, message)
         self._store.set_unusable(slot.name, ())
-        if not slot.down_reported and not self._stopping.is_set():  # closing the library under a hung call is ours
-            log.error(
-                "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
+        if not self._stopping.is_set():  # closing the library under a hung call is ours
+            self._down.fail(
+                "%s unavailable: %s (retrying with backoff up to %.0f s)",
+                slot.name,
+                message,
+                MAX_BACKOFF_SECONDS,
+                key=slot.name,
+                level=logging.ERROR,
+                exc_info=traceback,
             )
-            slot.down_reported = True
         slot.next_attempt = now + slot.backoff
         slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
 

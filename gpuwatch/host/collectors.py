@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +19,7 @@ from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
 from gpuwatch.host.ipmi import IpmiError, IpmiReader
 from gpuwatch.host.sensormap import load_sensor_maps
+from gpuwatch.latch import Latch
 from gpuwatch.model import HostSample, HostSourceName
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ class HostSource:
     interval_seconds: float
     usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)
     required: bool = False  # a run where the source is not usable is a failure, not an empty success
-    reported: str = field(default="")
 
 
 def hwmon_usable(reader: HwmonReader) -> Callable[[], tuple[bool, str]]:
@@ -91,6 +91,8 @@ class HostCollector:
         self.source = source
         self._store = store
         self._clock = clock
+        # A problem is said once, a different one too (timeouts, then the device gone), and once when it clears.
+        self._problem = Latch(log, repeat_when_changed=True)
         self.schedule = Every(f"host-{source.name}")
 
     @property
@@ -123,14 +125,11 @@ class HostCollector:
         return True
 
     def _say(self, source: HostSource, message: str) -> None:
-        """Log a source's problem once, and once when it clears, not at every run."""
-        if message == source.reported:
-            return
+        """Log a source's problem ("" when there is none) once, and once when it clears, not at every run."""
         if message:
-            log.warning("%s", message)
-        elif source.reported:
-            log.info("%s reads again", source.name)
-        source.reported = message
+            self._problem.fail("%s", message)
+        else:
+            self._problem.recover("%s reads again", source.name)
 
 
 def collectors(context: CollectorContext, name: str) -> list[HostCollector]:

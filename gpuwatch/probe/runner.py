@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatch.config import ProbeSection
+from gpuwatch.exitcodes import WORKER_NO_ENGINE
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, BaselineKey, Baselines, Mode
 from gpuwatch.probe.children import (
@@ -52,7 +54,7 @@ from gpuwatch.probe.readings import (
     _unsupported,
     held_down,
 )
-from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
+from gpuwatch.probe.worker import CAPPED_LINE
 from gpuwatch.probebook import ProbeOutcome, ProbeResult, WorkerResult
 from gpuwatch.store import SampleStore
 
@@ -96,8 +98,8 @@ class ProbeRunner:
         self._progress = progress
         self._engines = engines
         self._pid_namespace_inode = pid_namespace_inode
-        self._namespace_logged = False
-        self._fallbacks_logged: set[str] = set()  # an engine fallback is logged once, then only noted per result
+        self._namespace = Latch(log)  # said once
+        self._fallbacks = Latch(log)  # by fallback: an engine fallback is logged once, then only noted per result
         self.baselines = Baselines(state_dir)
         self._children: list[_Child] = []
         self._children_lock = threading.Lock()
@@ -181,9 +183,7 @@ class ProbeRunner:
         inode = self._pid_namespace_inode()
         if inode is None or inode == PROC_PID_INIT_INO:  # unknown (no /proc/self/ns): assume the host's
             return True
-        if not self._namespace_logged:
-            log.warning("probe disabled: %s", NOT_HOST_PID_NAMESPACE)
-            self._namespace_logged = True
+        self._namespace.fail("probe disabled: %s", NOT_HOST_PID_NAMESPACE)
         return False
 
     def _reap_stuck(self) -> dict[str, int]:
@@ -425,7 +425,7 @@ class ProbeRunner:
             return self._outcome(identity, "failed", "the agent stopped while the probe ran")
         doc = _last_json(b"".join(child.stdout))
         code = child.proc.returncode
-        if code == EXIT_NO_ENGINE and doc is not None and doc.get("error") == "no_engine":  # the worker's own answer
+        if code == WORKER_NO_ENGINE and doc is not None and doc.get("error") == "no_engine":  # the worker's own answer
             return self._outcome(identity, "skipped_unsupported", str((doc or {}).get("message", "no probe engine")))
         if code != 0 or doc is None or not doc.get("ok"):
             why = _failure(code, doc, stderr)
@@ -471,9 +471,9 @@ class ProbeRunner:
         fallback = "; ".join(str(p) for p in passed_over) if isinstance(passed_over, list) else ""
         if fallback:
             note = f"ran on {measured.engine}, passed over {fallback}" + (f"; {note}" if note else "")
-            if fallback not in self._fallbacks_logged:
-                self._fallbacks_logged.add(fallback)
-                log.warning("probe on GPU %d ran on %s, passed over %s", identity.index, measured.engine, fallback)
+            self._fallbacks.fail(
+                "probe on GPU %d ran on %s, passed over %s", identity.index, measured.engine, fallback, key=fallback
+            )
         if child.explicit_busy:
             note = "the GPU was busy: not comparable with its baseline" + (f"; {note}" if note else "")
         return self._outcome(

@@ -6,8 +6,9 @@ stdin, that the power limit is reached (it watches the vendor library; ``--power
 then times each matmul over a measured window, then times pinned host<->device copies. ``gpu_time_seconds`` covers all
 three: from the first warm-up matmul to the end of the last copy.
 
-Exit status: 0 with a result; 3 when the probe cannot run here (no engine: ``{"ok": false, "error": "no_engine"}``,
-which the runner counts as skipped_unsupported, never failed); 1 on any other failure (``"error": "failed"``).
+Exit status (gpuwatch/exitcodes.py, WORKER_*): 0 with a result; 3 when the probe cannot run here (no engine:
+``{"ok": false, "error": "no_engine"}``, which the runner counts as skipped_unsupported, never failed); 1 on any other
+failure (``"error": "failed"``).
 ``--simulate`` produces a realistic H100 result without an engine, for ``--backend simulated`` and tests.
 """
 
@@ -23,11 +24,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, get_args
 
+from gpuwatch.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
 from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_NO_ENGINE = 3
 CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
 
 # The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
@@ -64,11 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.dup2(2, 1)
     try:
         doc = simulate(args) if args.simulate else measure(args)
-        code = EXIT_OK
+        code = WORKER_OK
     except _NoEngine as exc:
-        doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, EXIT_NO_ENGINE
+        doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, WORKER_NO_ENGINE
     except Exception as exc:
-        doc, code = {"ok": False, "error": "failed", "message": f"{type(exc).__name__}: {exc}"}, EXIT_FAILED
+        doc, code = {"ok": False, "error": "failed", "message": f"{type(exc).__name__}: {exc}"}, WORKER_FAILED
     os.write(out_fd, (json.dumps(doc) + "\n").encode())
     os.close(out_fd)
     return code
