@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
-from gpuwatch.collector import CollectorContext, Every
+from gpuwatch.collector import CheckLine, CollectorContext, Every
 from gpuwatch.config import Config
 from gpuwatch.latch import Latch
-from gpuwatch.sources import BackendSlot
+from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
@@ -147,3 +149,57 @@ class VendorCollector:
 def collectors(context: CollectorContext, name: str) -> list[VendorCollector]:
     vendors = VendorCollectors(context.slots, context.store, context.config, context.monotonic, context.stopping)
     return [VendorCollector(slot, vendors) for slot in context.slots if slot.name == name]
+
+
+# `gpuwatch check`: the library opens and reads, or what to do so that it does.
+_VENDOR = {"nvml": ("NVIDIA", "nvidia-smi"), "amdsmi": ("AMD", "amd-smi")}
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """The backend's line (and, for NVML on a real node, its device files'), or why this node does not use it."""
+    label, smi = _VENDOR[name]
+    slots = [slot for slot in sources.slots if slot.name == name]
+    if not slots:
+        backend = config.agent.backend
+        why = f"agent.backend = {backend}" if backend != "auto" else f"no {label} GPU on the PCI bus, none expected"
+        return [CheckLine("ok", f"backend {name}", f"not used ({why})")]
+    fix = (
+        f"make {smi} work for this user: install or reload the {label} driver; the agent retries the library every "
+        f"{MAX_BACKOFF_SECONDS:g} s and never exits for it"
+    )
+    lines = [_check_backend(slot, fix) for slot in slots]
+    if name == "nvml" and config.agent.backend != "simulated":
+        lines.extend(_check_device(device) for device in sorted(Path("/dev").glob("nvidia*")))
+    return lines
+
+
+def _check_backend(slot: BackendSlot, fix: str) -> CheckLine:
+    what = f"backend {slot.name}"
+    try:
+        backend = slot.factory()
+        backend.open()
+    except BackendUnavailable as exc:
+        return CheckLine("FAIL", what, str(exc), fix)
+    try:
+        gpus = len(backend.poll(slow=False))
+        versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
+        mismatch = backend.version_problem()  # AMD: package vs host ROCm
+    except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
+        return CheckLine("FAIL", what, f"opened, then failed: {exc}", fix)
+    finally:
+        backend.close()
+    if mismatch:
+        return CheckLine("FAIL", what, f"{gpus} GPU(s); {versions}; {mismatch}", fix)
+    return CheckLine("ok", what, f"{gpus} GPU(s); {versions}")
+
+
+def _check_device(device: Path) -> CheckLine:
+    readable = os.access(device, os.R_OK | os.W_OK)
+    return CheckLine(
+        "ok" if readable else "FAIL",
+        f"device {device}",
+        "read/write" if readable else "no read/write access for this user",
+        ""
+        if readable
+        else f"run the agent as a user with read/write access to {device} (ls -l {device}), as the unit does",
+    )

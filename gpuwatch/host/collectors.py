@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuwatch.collector import CollectorContext, Every
+from gpuwatch.collector import CheckLine, CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiError, IpmiReader
+from gpuwatch.host.ipmi import INACCESSIBLE, IpmiError, IpmiReader
 from gpuwatch.host.sensormap import load_sensor_maps
 from gpuwatch.latch import Latch
 from gpuwatch.model import HostSample, HostSourceName
 
 if TYPE_CHECKING:
     from gpuwatch.config import Config
+    from gpuwatch.sources import NodeSources
     from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -134,3 +135,32 @@ class HostCollector:
 
 def collectors(context: CollectorContext, name: str) -> list[HostCollector]:
     return [HostCollector(s, context.store, clock=context.clock) for s in context.sources.host if s.name == name]
+
+
+_FIXES = {
+    "hwmon": "give the agent's user read access to /sys/class/hwmon (docs/host-power.md), or --disable-collector hwmon",
+    "ipmi": "give the agent's user the BMC device (the unit's ipmi.conf drop-in, docs/host-power.md), or set "
+    'host.ipmi = "off"',
+}
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """`gpuwatch check`'s line for the hwmon or ipmi collector."""
+    source = next((s for s in sources.host if s.name == name), None)
+    if source is None:  # disabled collectors are said by the registry; this is host.ipmi = "off"
+        return [CheckLine("ok", f"host {name}", 'off (host.ipmi = "off")')]
+    return [check_source(source)]
+
+
+def check_source(source: HostSource) -> CheckLine:
+    """Found: ok. Absent (VMs, cloud nodes): ok, nothing to export, unless required. Present but not openable by this
+    user: a deployment problem (warn; FAIL when required)."""
+    found, detail = source.usable()
+    what, fix = f"host {source.name}", _FIXES[source.name]
+    if found:
+        return CheckLine("ok", what, f"{detail} (every {source.interval_seconds:g} s)")
+    if detail.startswith(INACCESSIBLE):
+        return CheckLine("FAIL" if source.required else "warn", what, detail, fix)
+    if source.required:
+        return CheckLine("FAIL", what, detail, fix)
+    return CheckLine("ok", what, f"{detail}; nothing to export, not an error")

@@ -387,25 +387,13 @@ def _host_memcpy(copy: Any, nbytes: int, repeats: int = 3) -> dict[str, Any]:
     }
 
 
-def describe_engines(config: Any) -> str:
-    """`gpuwatch check`'s line about the probe engine (found without importing it)."""
-    if config.probe.interval_seconds == 0 or "probe" in config.agent.disable_collectors:
-        return "[ok] probe: off"
-    if config.agent.backend == "simulated":
-        return "[ok] probe engine: simulated worker"
-    found = available_engines()
-    if not found:
-        return (
-            "[warn] probe engine: none installed; every probe is skipped_unsupported "
-            "(pip install 'gpuwatch[probe]' for CuPy, or install PyTorch)"
-        )
-    versions = []
-    for name in found:
+def engine_versions() -> dict[str, str]:
+    """The installed engines (found without importing them), in preference order, with their package's version."""
+    versions = {}
+    for name in available_engines():
         dist = {"cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "torch": ("torch",)}[name]
-        version = next((v for d in dist if (v := _dist_version(d)) is not None), "unknown version")
-        versions.append(f"{name} {version}")
-    chosen = config.probe.engine if config.probe.engine != "auto" else found[0]
-    return f"[ok] probe engine: {', '.join(versions)} (uses {chosen})"
+        versions[name] = next((v for d in dist if (v := _dist_version(d)) is not None), "unknown version")
+    return versions
 
 
 def _dist_version(name: str) -> str | None:
