@@ -7,7 +7,7 @@ which the exporter turns into a missing series — never into 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 Vendor = Literal["nvidia", "amd"]
 EventKind = Literal["xid", "reset"]
@@ -33,7 +33,9 @@ THROTTLE_REASONS: tuple[str, ...] = (
     "reliability",
 )
 
-COMPUTE_MODES: tuple[str, ...] = ("default", "exclusive_thread", "prohibited", "exclusive_process")
+# NVML's nvmlComputeMode_t, in its order (the index is the library's value).
+ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
+COMPUTE_MODES: tuple[ComputeMode, ...] = get_args(ComputeMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ class GpuSample:
     compute_partitions: int | None = None  # AMD: partitions its GPU is split into (SPX 1, CPX 8), on partition 0
     ecc_enabled: bool | None = None
     persistence_mode_enabled: bool | None = None
-    compute_mode: str | None = None  # one of COMPUTE_MODES
+    compute_mode: ComputeMode | None = None
     ecc_errors_total: dict[str, int] = field(default_factory=dict)  # corrected, uncorrected, deferred
     remapped_rows_total: dict[str, int] = field(default_factory=dict)  # correctable, uncorrectable
     row_remap_pending: bool | None = None
