@@ -88,3 +88,35 @@ def test_one_line_when_threads_race(caplog: pytest.LogCaptureFixture) -> None:
         for t in threads:
             t.join()
     assert lines(caplog) == [("WARNING", "state dir gone")]
+
+
+def test_a_vendor_library_down_is_said_once_and_its_return_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The nvml collector over the real NVML backend: the simulated libnvml missing (scenario backend_down: nvmlInit
+    fails with NVML_ERROR_LIBRARY_NOT_FOUND) at every retry is one ERROR, the library loading later one INFO, and a
+    new outage after that an ERROR again."""
+    from gpuwatch.config import load_config
+    from gpuwatch.gpu_collector import VendorCollectors
+    from gpuwatch.simulated.scenarios import SimulatedNode
+    from gpuwatch.simulation import simulated_slot
+    from gpuwatch.sources import BackendSlot
+    from gpuwatch.store import SampleStore
+
+    down = simulated_slot(SimulatedNode("backend_down", gpus=2))
+    up = simulated_slot(SimulatedNode("healthy", gpus=2))
+    state = {"driver_loaded": False, "now": 0.0}
+    slot = BackendSlot("nvml", "nvidia", lambda: (up if state["driver_loaded"] else down).factory())
+    config = load_config(None, {"agent": {"backend": "simulated"}})
+    store = SampleStore(poll_interval_seconds=1.0)
+    vendors = VendorCollectors([slot], store, lambda: config, lambda: float(state["now"]), threading.Event())
+    with caplog.at_level(logging.INFO, logger="gpuwatch.agent"):
+        for now in (0.0, 1.0, 3.0, 7.0):  # every retry of the backoff finds it missing
+            state["now"] = now
+            assert not vendors.poll(slot)
+        state.update(driver_loaded=True, now=100.0)
+        assert vendors.poll(slot)
+        assert vendors.poll(slot)
+        vendors.close()  # the library gone from under the agent: the next poll opens it again
+        state.update(driver_loaded=False, now=200.0)
+        assert not vendors.poll(slot)
+    said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "gpuwatch.agent"]
+    assert said == [("ERROR", "nvml unavailable"), ("INFO", "nvml is available again"), ("ERROR", "nvml unavailable")]
