@@ -239,7 +239,7 @@ def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
         raise ConfigError(source, key, "must be set")
     if origin is Literal:
         if not isinstance(value, str) or value not in args:
-            raise ConfigError(source, key, f"must be one of {', '.join(args)}, got {value!r}")
+            raise ConfigError(source, key, f"must be one of {', '.join(map(str, args))}, got {value!r}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
