@@ -32,7 +32,8 @@ from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.startup import claim_state_dir, live_part, watchdog_problem
 from gpuwatch.statedir import AgentLock
 from gpuwatch.statefile import KnownGpus
-from gpuwatch.status_page import gpu_health, render_status_page
+from gpuwatch.status_findings import gpu_health
+from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
 from gpuwatch.webconfig import apply_web_config

@@ -1,6 +1,6 @@
 """The `gpuwatch` command line (README, "Commands"): parses flags, calls into the rest, prints.
 
-Exit status: 0 success, 2 bad usage, 69 a resource the agent cannot work without, 78 invalid configuration.
+Exit statuses: gpuwatch/exitcodes.py.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from gpuwatch.config import (
     load_config,
     parse_listen,
 )
+from gpuwatch.exitcodes import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CONFIG,
+    EXIT_NOT_OK,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    MEANINGS,
+)
 from gpuwatch.metrics import COLLECTORS
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69
-EXIT_CONFIG = 78
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipeline member killed by it
 
 log = logging.getLogger("gpuwatch")
 
@@ -106,7 +109,11 @@ def _add_simulation_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuwatch", description="GPU fleet health agent for Prometheus.")
+    parser = argparse.ArgumentParser(
+        prog="gpuwatch",
+        description="GPU fleet health agent for Prometheus.",
+        epilog="exit status: " + "; ".join(f"{code} {meaning}" for code, meaning in MEANINGS.items()),
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="the agent: poll GPUs and serve /metrics")
     _add_agent_flags(run)
@@ -162,8 +169,8 @@ def _add_probe_parser(sub: Any) -> None:
         help="run the matmul probe now and print the result beside the baseline",
         description="Run the matmul probe now on the given GPUs (default: every idle one) and print each result "
         "beside the GPU's baseline. Waits for, never overlaps, a probe the agent is running. Baselines change only "
-        "with --update-baseline or --reset-baseline. Exit 0 when every GPU probed ok, 1 otherwise, 69 when the "
-        "GPU backend or the state dir's lock files are unavailable.",
+        f"with --update-baseline or --reset-baseline. Exit {EXIT_OK} when every GPU probed ok, {EXIT_NOT_OK} "
+        f"otherwise, {EXIT_UNAVAILABLE} when the GPU backend or the state dir's lock files are unavailable.",
     )
     probe.add_argument("--gpu", type=int, action="append", default=[], metavar="N", help="GPU index (repeatable)")
     probe.add_argument("--json", action="store_true", help="print JSON instead of a table")

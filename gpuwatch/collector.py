@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpuwatch.registry import REGISTRY
 
@@ -55,6 +55,34 @@ class Collector(Protocol):
     def schedule(self) -> Every | Threads: ...
 
     def update(self) -> bool: ...  # one run (an Every job's)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckLine:
+    """One line of `gpuwatch check`: FAIL is what stops the agent, warn what it runs without; both say what to do."""
+
+    level: Literal["ok", "warn", "FAIL"]
+    what: str
+    detail: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.level != "ok" and not self.fix:
+            raise ValueError(f"check line {self.what!r} is {self.level} without a remedy")
+
+
+def check_lines(config: Config, sources: NodeSources) -> list[tuple[str, CheckLine]]:
+    """(collector, line) for `gpuwatch check`, in registry order: each registered collector's module says its own
+    lines with ``check(config, sources, name) -> list[CheckLine]``, so a new collector brings its own."""
+    lines: list[tuple[str, CheckLine]] = []
+    for registration in REGISTRY:
+        name = registration.name
+        if name in config.agent.disable_collectors:
+            lines.append((name, CheckLine("ok", f"collector {name}", "disabled (agent.disable_collectors)")))
+            continue
+        module = importlib.import_module(registration.module)
+        lines.extend((name, line) for line in module.check(config, sources, name))
+    return lines
 
 
 @dataclass(slots=True)

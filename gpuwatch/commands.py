@@ -7,27 +7,23 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from gpuwatch import __version__
 from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.collector import CheckLine, check_lines
 from gpuwatch.config import Config, ConfigError, parse_listen
-from gpuwatch.host.report import check_host, host_json, read_host
-from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
+from gpuwatch.host.report import host_json, read_host
 from gpuwatch.model import GpuReading, HostSample
 from gpuwatch.simulation import build_sources
 from gpuwatch.sources import BackendSlot, amd_versions
 from gpuwatch.statedir import state_dir_problem, writable_problem
 from gpuwatch.thresholds import runbook_url
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
-
-EXIT_OK = 0
-EXIT_UNAVAILABLE = 69
-EXIT_CONFIG = 78
 
 
 def version() -> int:
@@ -323,12 +319,14 @@ class CheckReport:
     def __init__(self) -> None:
         self.failures = 0
 
-    def line(self, level: str, what: str, detail: str, fix: str = "") -> None:
-        assert level in ("ok", "warn", "FAIL"), level
-        self.failures += level == "FAIL"
-        print(f"[{level}] {what}: {detail}")
-        if level != "ok":
-            print(f"    fix: {fix or 'see docs/configuration.md'}")
+    def add(self, line: CheckLine) -> None:
+        self.failures += line.level == "FAIL"
+        print(f"[{line.level}] {line.what}: {line.detail}")
+        if line.level != "ok":
+            print(f"    fix: {line.fix}")
+
+    def line(self, level: Literal["ok", "warn", "FAIL"], what: str, detail: str, fix: str = "") -> None:
+        self.add(CheckLine(level, what, detail, fix))
 
     def result(self, ok: bool, what: str, detail: str, fix: str) -> None:
         self.line("ok" if ok else "FAIL", what, detail, fix)
@@ -343,20 +341,9 @@ def _gpu_words(counts: dict[str, int]) -> str:
     return ", ".join(words)
 
 
-_FIXES = {
-    "state dir": "create it, writable for the agent's user, or choose another with --state-dir PATH",
-    "listen": "stop what listens there (ss -ltnp) or choose another --listen HOST:PORT",
-    "backend": "make nvidia-smi (or amd-smi) work for this user: install or reload the driver; the agent retries "
-    "the library every 60 s and never exits for it",
-    "host": "give the agent's user access to the sensor (docs/host-power.md), or turn the source off in [host]",
-    "kernel log": "run the agent in group adm or systemd-journal (the unit does); without it XIDs come from NVML "
-    "events only",
-    "probe": "docs/probe.md: install an engine, or reset the baseline on an idle GPU (gpuwatch probe --reset-baseline)",
-}
-
-
 def check(config: Config) -> int:
-    """Say, line by line, whether the agent can run here; exit 0 only if it can."""
+    """Say, line by line, whether the agent can run here; exit 0 only if it can. The node's lines are here; each
+    registered collector says its own (gpuwatch/collector.py, check_lines)."""
     report = CheckReport()
     report.line("ok", "configuration", str(config.source))
     sources = build_sources(config)
@@ -369,39 +356,13 @@ def check(config: Config) -> int:
             "only",
             "on a GPU node, check lspci and the driver; to try gpuwatch without a GPU: --backend simulated",
         )
-    for slot in sources.slots:
-        report.result(*_check_backend(slot), _FIXES["backend"])
-    for device in sorted(Path("/dev").glob("nvidia*")) if config.agent.backend != "simulated" else []:
-        readable = os.access(device, os.R_OK | os.W_OK)
-        report.result(
-            readable,
-            f"device {device}",
-            "read/write" if readable else "no read/write access for this user",
-            f"run the agent as a user with read/write access to {device} (ls -l {device}), as the unit does",
-        )
-    report.result(*_check_state_dir(config), _FIXES["state dir"])
-    report.result(*_check_port(config), _FIXES["listen"])
+    report.result(
+        *_check_state_dir(config), "create it, writable for the agent's user, or choose another with --state-dir PATH"
+    )
+    report.result(*_check_port(config), "stop what listens there (ss -ltnp) or choose another --listen HOST:PORT")
     web_config_ok = _check_web_config(config, report)
-    for level, what, detail in check_host(sources.host, config.agent.disable_collectors):
-        report.line("ok" if level == "info" else level, what, detail, _FIXES["host"])
-    if config.xid.kernel_log and config.agent.backend != "simulated":
-        with KernelLogXidReader(Path(config.xid.kernel_log)) as reader:
-            # Optional: the NVML event stream still delivers XIDs without it.
-            state = "readable" if reader.available else (reader.reason or "unreadable")
-            report.line(
-                "ok" if reader.available else "warn", f"kernel log {config.xid.kernel_log}", state, _FIXES["kernel log"]
-            )
-    from gpuwatch.probe.engines import describe_engines
-
-    for text in (
-        describe_engines(config, sources.probe_launcher.engines()),
-        *_uncapped_baselines(config),
-    ):  # optional: the agent runs without
-        match = re.fullmatch(r"\[(\w+)\] ([^:]+): (.*)", text, re.S)
-        if match:
-            report.line(match.group(1), match.group(2), match.group(3), _FIXES["probe"])
-        else:
-            report.line("ok", "probe", text)
+    for _collector, line in check_lines(config, sources):
+        report.add(line)
     if not web_config_ok:
         return EXIT_CONFIG  # what `gpuwatch run` would exit with on the same file
     return EXIT_OK if report.failures == 0 else EXIT_UNAVAILABLE
@@ -418,7 +379,7 @@ def _check_web_config(config: Config, report: CheckReport) -> bool:
     try:
         web = load_web_config(Path(path))
     except ConfigError as exc:
-        report.line("FAIL", f"web config {path}", str(exc), "correct the file: gpuwatch run exits 78 on it")
+        report.line("FAIL", f"web config {path}", str(exc), f"correct the file: gpuwatch run exits {EXIT_CONFIG} on it")
         return False
     tls = "TLS" if web.tls is not None else "plain HTTP"
     if web.tls is not None and web.client_allowed_sans:
@@ -426,42 +387,6 @@ def _check_web_config(config: Config, report: CheckReport) -> bool:
     users = f"basic auth for {len(web.users)} user(s)" if web.users else "no basic auth"
     report.line("ok", f"web config {path}", f"{tls}, {users}")
     return True
-
-
-def _uncapped_baselines(config: Config) -> list[str]:
-    """A [warn] line per GPU whose probe baseline comes from probes that never reached the power limit."""
-    from gpuwatch.probe.baseline import Baselines
-
-    try:
-        baselines = Baselines(config.state_dir).peek()  # no lock file made, nothing moved: check writes nothing
-    except Exception:  # a state dir this user cannot read: the state dir line already says so
-        return []
-    return [
-        f"[warn] probe baseline of GPU {uuid}: taken from probes that never reached the power limit within "
-        f"probe.warmup_max_seconds = {config.probe.warmup_max_seconds:g} (uncapped; slow-GPU detection compares "
-        "uncapped probes only)"
-        for uuid, baseline in sorted(baselines.items())
-        if baseline.key.uncapped and baseline.flops is not None
-    ]
-
-
-def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
-    try:
-        backend = slot.factory()
-        backend.open()
-    except BackendUnavailable as exc:
-        return False, f"backend {slot.name}", str(exc)
-    try:
-        gpus = len(backend.poll(slow=False))
-        versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
-        mismatch = backend.version_problem()  # AMD: package vs host ROCm
-    except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
-        return False, f"backend {slot.name}", f"opened, then failed: {exc}"
-    finally:
-        backend.close()
-    if mismatch:
-        return False, f"backend {slot.name}", f"{gpus} GPU(s); {versions}; {mismatch}"
-    return True, f"backend {slot.name}", f"{gpus} GPU(s); {versions}"
 
 
 def _check_state_dir(config: Config) -> tuple[bool, str, str]:

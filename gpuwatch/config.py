@@ -9,19 +9,26 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
 from gpuwatch.registry import COLLECTORS
 from gpuwatch.scenario_catalogue import SCENARIOS
 from gpuwatch.tomlfile import TomlFileError, load_toml_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuwatch/config.toml")
 DEFAULT_PORT = 9845
-BACKENDS = ("auto", "nvml", "amdsmi", "simulated")
-VENDORS = ("nvidia", "amd")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+# The closed choices: a field typed with one of these Literals accepts exactly its values (checked by _coerce, which
+# names them in its error, and by mypy in the code that reads them); the tuples feed argparse's choices.
+Backend = Literal["auto", "nvml", "amdsmi", "simulated"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+IpmiMode = Literal["auto", "on", "off"]  # auto: when ipmitool and the BMC device are usable; on: required; off
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+VENDORS: tuple[Vendor, ...] = get_args(Vendor)
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 
 class ConfigError(Exception):
@@ -80,18 +87,18 @@ class _Problems:
 class AgentSection:
     listen: str = f":{DEFAULT_PORT}"
     web_config: str = ""
-    backend: str = "auto"
+    backend: Backend = "auto"
     poll_interval_seconds: float = 1.0
     slow_poll_interval_seconds: float = 30.0
     state_dir: str = ""  # empty: $STATE_DIRECTORY, else /var/lib/gpuwatch
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     disable_collectors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class SimulatedSection:
     scenario: str = "mixed"
-    vendor: str = "nvidia"
+    vendor: Vendor = "nvidia"
     gpus: int = 8
 
 
@@ -114,7 +121,7 @@ class HostSection:
     sysfs_root: str = "/sys"
     sensor_maps: tuple[str, ...] = ()  # Super-I/O mapping files (deploy/sensor-maps/)
     hwmon_interval_seconds: float = 5.0
-    ipmi: str = "auto"  # auto: when ipmitool and the BMC device are usable; on: their absence is an error; off
+    ipmi: IpmiMode = "auto"
     ipmitool: str = "ipmitool"
     ipmi_device: str = "/dev/ipmi0"
     ipmi_interval_seconds: float = 60.0
@@ -127,8 +134,8 @@ class ProbeSection:
 
     interval_seconds: float = 900.0  # 0 turns the probe off
     timeout_seconds: float = 60.0
-    engine: str = "auto"  # auto (CuPy when installed, else PyTorch), cupy, torch
-    dtype: str = "bf16"
+    engine: ProbeEngineChoice = "auto"  # auto: CuPy when installed, else PyTorch
+    dtype: ProbeDtype = "bf16"
     matrix_size: int = 8192
     warmup_min_seconds: float = 0.5
     warmup_max_seconds: float = 1.5
@@ -222,31 +229,39 @@ def _build_section(source: str, section: str, cls: type[Any], values: dict[str, 
 
 def _coerce(source: str, key: str, hint: Any, value: Any) -> Any:
     """Check a TOML value against the field's type; ints are accepted where floats are expected."""
-    text = str(hint)
-    optional = "None" in text
-    if value is None:
-        if optional:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        if value is None:
             return None
+        (hint,) = [arg for arg in args if arg is not type(None)]
+        return _coerce(source, key, hint, value)
+    if value is None:
         raise ConfigError(source, key, "must be set")
-    if "tuple" in text:
+    if origin is Literal:
+        if not isinstance(value, str) or value not in args:
+            raise ConfigError(source, key, f"must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if origin is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
             raise ConfigError(source, key, "must be a list of strings")
         return tuple(value)
-    if text == str(bool):
+    if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(source, key, f"must be true or false, got {value!r}")
         return value
-    if "float" in text:
+    if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(source, key, f"must be a number, got {value!r}")
         try:
             return float(value)
         except OverflowError:  # TOML integers may exceed what a float holds
             raise ConfigError(source, key, "must be a number within range, got a huge integer") from None
-    if "int" in text:
+    if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"must be a whole number, got {value!r}")
         return value
+    if hint is not str:
+        raise TypeError(f"{key}: no check for fields of type {hint!r}")  # a new field type needs a branch here
     if not isinstance(value, str):
         raise ConfigError(source, key, f"must be a string, got {value!r}")
     return value
@@ -259,8 +274,6 @@ def _validate(config: Config, problems: _Problems) -> None:
         if not ok:
             problems.add(key, problem)
 
-    check(agent.backend in BACKENDS, "agent.backend", f"must be one of {', '.join(BACKENDS)}")
-    check(agent.log_level in LOG_LEVELS, "agent.log_level", f"must be one of {', '.join(LOG_LEVELS)}")
     check(
         0.05 <= agent.poll_interval_seconds <= 3600,
         "agent.poll_interval_seconds",
@@ -280,7 +293,6 @@ def _validate(config: Config, problems: _Problems) -> None:
     except ValueError as exc:
         check(False, "agent.listen", str(exc))
     sim = config.simulated
-    check(sim.vendor in VENDORS, "simulated.vendor", f"must be one of {', '.join(VENDORS)}")
     check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
     check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
     gpus = config.gpus
@@ -299,7 +311,6 @@ def _validate_host(config: Config, check: Any) -> None:
     from gpuwatch.host.sensormap import SensorMapError, load_sensor_maps
 
     host = config.host
-    check(host.ipmi in ("auto", "on", "off"), "host.ipmi", "must be one of auto, on, off")
     check(
         0.5 <= host.hwmon_interval_seconds <= 3600,
         "host.hwmon_interval_seconds",
@@ -324,8 +335,6 @@ def _validate_probe(probe: ProbeSection, check: Any) -> None:
         "must be 0 (off) or between 1 second and a week",
     )
     check(1 <= probe.timeout_seconds <= 3600, "probe.timeout_seconds", "must be between 1 and 3600 seconds")
-    check(probe.engine in ("auto", "cupy", "torch"), "probe.engine", "must be one of auto, cupy, torch")
-    check(probe.dtype in ("bf16", "fp16", "fp32"), "probe.dtype", "must be one of bf16, fp16, fp32")
     check(16 <= probe.matrix_size <= 65536, "probe.matrix_size", "must be between 16 and 65536")
     check(0 <= probe.warmup_min_seconds <= 60, "probe.warmup_min_seconds", "must be between 0 and 60 seconds")
     check(

@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
-from gpuwatch.collector import CollectorContext, Threads
+from gpuwatch.collector import CheckLine, CollectorContext, Threads
+from gpuwatch.config import Config
 from gpuwatch.kmsg import KernelLogXidReader, KernelXid, normalize_pci_bus_id
 from gpuwatch.model import GpuEvent
-from gpuwatch.sources import BackendSlot
+from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
@@ -94,3 +96,23 @@ def collectors(context: CollectorContext, name: str) -> list[EventCollector]:
         context.store, context.sources.kernel_log, context.clock, context.monotonic, context.stopping
     )
     return [collector.watch(context.slots)]
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """Where XIDs come from here: the vendor libraries' events always, the kernel log where it can be read."""
+    path = config.xid.kernel_log
+    if config.agent.backend == "simulated" or not path:
+        why = "a simulated node" if path else "xid.kernel_log is empty"
+        return [CheckLine("ok", "XID events", f"from the vendor library's events; the kernel log is not read ({why})")]
+    with KernelLogXidReader(Path(path)) as reader:
+        if reader.available:
+            return [CheckLine("ok", "XID events", f"from the vendor library's events and the kernel log {path}")]
+        return [
+            CheckLine(
+                "warn",
+                f"XID events from {path}",
+                reader.reason or "unreadable",
+                "give the agent CAP_SYSLOG (the unit's AmbientCapabilities=CAP_SYSLOG) or run it as root, or set "
+                'xid.kernel_log = "" to use the vendor library\'s events alone',
+            )
+        ]

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
-from gpuwatch.collector import CollectorContext, Every
+from gpuwatch.collector import CheckLine, CollectorContext, Every
 from gpuwatch.config import Config
-from gpuwatch.sources import BackendSlot
+from gpuwatch.latch import Latch
+from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
@@ -37,6 +40,7 @@ class VendorCollectors:
         self._config = config
         self._monotonic = monotonic
         self._stopping = stopping
+        self._down = Latch(log)  # by slot name: a backend down is said once, and once when it is back
 
     def poll_interval_seconds(self) -> float:
         return self._config().agent.poll_interval_seconds
@@ -93,29 +97,31 @@ class VendorCollectors:
             backend = slot.factory()
             backend.open()
         except Exception as exc:  # a bug in a backend is a library that cannot be used: backoff, never a loop
-            if not isinstance(exc, BackendUnavailable) and not slot.down_reported:
-                log.exception("%s failed to open unexpectedly", slot.name)
-            self._failed(slot, now, str(exc) if isinstance(exc, BackendUnavailable) else repr(exc))
+            expected = isinstance(exc, BackendUnavailable)
+            self._failed(slot, now, str(exc) if expected else repr(exc), traceback=not expected)
             return None
         with slot.lock:
             slot.backend = backend
         slot.backoff = 1.0
         slot.last_slow_poll = -math.inf
         self._store.set_backend(slot.name, True)
-        if slot.down_reported:
-            log.info("%s is available again", slot.name)
-        slot.down_reported = False
+        self._down.recover("%s is available again", slot.name, key=slot.name)
         return backend
 
-    def _failed(self, slot: BackendSlot, now: float, message: str) -> None:
+    def _failed(self, slot: BackendSlot, now: float, message: str, traceback: bool = False) -> None:
         """Say it once, then retry with exponential backoff: drivers load late, and a restart loop helps no one."""
         self._store.set_backend(slot.name, False, message)
         self._store.set_unusable(slot.name, ())
-        if not slot.down_reported and not self._stopping.is_set():  # closing the library under a hung call is ours
-            log.error(
-                "%s unavailable: %s (retrying with backoff up to %.0f s)", slot.name, message, MAX_BACKOFF_SECONDS
+        if not self._stopping.is_set():  # closing the library under a hung call is ours
+            self._down.fail(
+                "%s unavailable: %s (retrying with backoff up to %.0f s)",
+                slot.name,
+                message,
+                MAX_BACKOFF_SECONDS,
+                key=slot.name,
+                level=logging.ERROR,
+                exc_info=traceback,
             )
-            slot.down_reported = True
         slot.next_attempt = now + slot.backoff
         slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_SECONDS)
 
@@ -143,3 +149,57 @@ class VendorCollector:
 def collectors(context: CollectorContext, name: str) -> list[VendorCollector]:
     vendors = VendorCollectors(context.slots, context.store, context.config, context.monotonic, context.stopping)
     return [VendorCollector(slot, vendors) for slot in context.slots if slot.name == name]
+
+
+# `gpuwatch check`: the library opens and reads, or what to do so that it does.
+_VENDOR = {"nvml": ("NVIDIA", "nvidia-smi"), "amdsmi": ("AMD", "amd-smi")}
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """The backend's line (and, for NVML on a real node, its device files'), or why this node does not use it."""
+    label, smi = _VENDOR[name]
+    slots = [slot for slot in sources.slots if slot.name == name]
+    if not slots:
+        backend = config.agent.backend
+        why = f"agent.backend = {backend}" if backend != "auto" else f"no {label} GPU on the PCI bus, none expected"
+        return [CheckLine("ok", f"backend {name}", f"not used ({why})")]
+    fix = (
+        f"make {smi} work for this user: install or reload the {label} driver; the agent retries the library every "
+        f"{MAX_BACKOFF_SECONDS:g} s and never exits for it"
+    )
+    lines = [_check_backend(slot, fix) for slot in slots]
+    if name == "nvml" and config.agent.backend != "simulated":
+        lines.extend(_check_device(device) for device in sorted(Path("/dev").glob("nvidia*")))
+    return lines
+
+
+def _check_backend(slot: BackendSlot, fix: str) -> CheckLine:
+    what = f"backend {slot.name}"
+    try:
+        backend = slot.factory()
+        backend.open()
+    except BackendUnavailable as exc:
+        return CheckLine("FAIL", what, str(exc), fix)
+    try:
+        gpus = len(backend.poll(slow=False))
+        versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
+        mismatch = backend.version_problem()  # AMD: package vs host ROCm
+    except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
+        return CheckLine("FAIL", what, f"opened, then failed: {exc}", fix)
+    finally:
+        backend.close()
+    if mismatch:
+        return CheckLine("FAIL", what, f"{gpus} GPU(s); {versions}; {mismatch}", fix)
+    return CheckLine("ok", what, f"{gpus} GPU(s); {versions}")
+
+
+def _check_device(device: Path) -> CheckLine:
+    readable = os.access(device, os.R_OK | os.W_OK)
+    return CheckLine(
+        "ok" if readable else "FAIL",
+        f"device {device}",
+        "read/write" if readable else "no read/write access for this user",
+        ""
+        if readable
+        else f"run the agent as a user with read/write access to {device} (ls -l {device}), as the unit does",
+    )

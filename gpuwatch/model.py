@@ -7,9 +7,15 @@ which the exporter turns into a missing series — never into 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 Vendor = Literal["nvidia", "amd"]
+EventKind = Literal["xid", "reset"]
+EventSource = Literal["nvml", "kmsg", "amdsmi"]  # who reported a GpuEvent: the vendor library or the kernel log
+HostSourceName = Literal["hwmon", "ipmi"]  # the host collector a HostSample comes from
+# The probe's choices, shared by the [probe] config section, the worker's flags and its engines.
+ProbeEngineChoice = Literal["auto", "cupy", "torch"]
+ProbeDtype = Literal["bf16", "fp16", "fp32"]
 
 # The one vocabulary of throttle reasons (docs/metrics.md, "Throttling").
 THROTTLE_REASONS: tuple[str, ...] = (
@@ -27,7 +33,9 @@ THROTTLE_REASONS: tuple[str, ...] = (
     "reliability",
 )
 
-COMPUTE_MODES: tuple[str, ...] = ("default", "exclusive_thread", "prohibited", "exclusive_process")
+# NVML's nvmlComputeMode_t, in its order (the index is the library's value).
+ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
+COMPUTE_MODES: tuple[ComputeMode, ...] = get_args(ComputeMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +81,7 @@ class GpuSample:
     compute_partitions: int | None = None  # AMD: partitions its GPU is split into (SPX 1, CPX 8), on partition 0
     ecc_enabled: bool | None = None
     persistence_mode_enabled: bool | None = None
-    compute_mode: str | None = None  # one of COMPUTE_MODES
+    compute_mode: ComputeMode | None = None
     ecc_errors_total: dict[str, int] = field(default_factory=dict)  # corrected, uncorrected, deferred
     remapped_rows_total: dict[str, int] = field(default_factory=dict)  # correctable, uncorrectable
     row_remap_pending: bool | None = None
@@ -120,10 +128,10 @@ class GpuEvent:
     """Something that happened to a GPU at a moment: an XID error (NVIDIA) or a reset (AMD)."""
 
     uuid: str
-    kind: Literal["xid", "reset"]
+    kind: EventKind
     timestamp: float  # unix time the event happened (kernel log time for XIDs read from the log)
     code: int | None = None  # the XID number
-    source: str = "nvml"  # nvml, kmsg, amdsmi
+    source: EventSource = "nvml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +182,7 @@ class HostPsuPower:
 class HostSample:
     """One read of one host source (hwmon or ipmi); empty on a machine without that source (VMs, cloud nodes)."""
 
-    source: str  # the collector: hwmon, ipmi
+    source: HostSourceName
     timestamp: float
     voltages: tuple[HostVoltage, ...] = ()
     psus: tuple[HostPsu, ...] = ()

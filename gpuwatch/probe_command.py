@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config
+from gpuwatch.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.probe.baseline import Mode
 from gpuwatch.probe.locks import LockUnavailable
 from gpuwatch.probe.runner import ProbeRunner
@@ -24,10 +25,6 @@ from gpuwatch.simulation import build_sources
 from gpuwatch.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
 from gpuwatch.store import SampleStore
 
-EXIT_OK = 0
-EXIT_NOT_OK = 1
-EXIT_UNAVAILABLE = 69
-EXIT_CONFIG = 78
 POLL_SECONDS = 0.25
 
 

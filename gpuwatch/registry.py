@@ -3,8 +3,9 @@ layer plus one line here.
 
 A registration names the collector — the `collector` label of `gpuwatch_collector_*`, the `--disable-collector`
 choice, the names the config's `agent.disable_collectors` accepts and the list in docs/metrics.md — and the module
-that builds it. That module defines ``collectors(context, name) -> list[Collector]`` (the protocol, the schedules and
-the one place every run is timed into the meta-metrics are in `gpuwatch/collector.py`). The module is named, not
+that builds it. That module defines ``collectors(context, name) -> list[Collector]`` and its `gpuwatch check` lines,
+``check(config, sources, name) -> list[CheckLine]`` (the protocol, the schedules, the check lines and the one place
+every run is timed into the meta-metrics are in `gpuwatch/collector.py`). The module is named, not
 imported, here: this table sits below the configuration, and the service imports a collector only when it builds it.
 """
 
@@ -18,7 +19,7 @@ __all__ = ["COLLECTORS", "REGISTRY", "Registration"]
 @dataclass(frozen=True, slots=True)
 class Registration:
     name: str
-    module: str  # defines collectors(context: CollectorContext, name: str) -> list[Collector]
+    module: str  # defines collectors(context, name) -> list[Collector] and check(config, sources, name)
 
 
 REGISTRY: tuple[Registration, ...] = (

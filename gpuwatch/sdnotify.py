@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from gpuwatch.latch import Latch
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +36,7 @@ class SdNotifier:
     def __init__(self, socket_path: str | None, *, watchdog_seconds: float | None = None) -> None:
         self.socket_path = socket_path or None
         self.watchdog_seconds = watchdog_seconds
-        self._warned = False
+        self._unreachable = Latch(log)  # said once: a service manager that is busy now and then is no news
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None, pid: int | None = None) -> SdNotifier:
@@ -59,9 +61,7 @@ class SdNotifier:
                 # Never block the poll loop on a busy service manager: a ping dropped is better than a poll stalled.
                 sock.sendto(message, socket.MSG_DONTWAIT, address)
         except OSError as exc:
-            if not self._warned:
-                log.warning("cannot notify systemd at %s: %s", self.socket_path, exc)
-                self._warned = True
+            self._unreachable.fail("cannot notify systemd at %s: %s", self.socket_path, exc)
             return False
         return True
 

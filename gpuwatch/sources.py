@@ -37,7 +37,6 @@ class BackendSlot:
     next_attempt: float = 0.0
     backoff: float = 1.0
     last_slow_poll: float = -math.inf
-    down_reported: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

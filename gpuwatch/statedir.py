@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpuwatch.latch import Latch
 from gpuwatch.safefile import open_regular, read_regular_file
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ STALE_TEMP_SECONDS = 60.0  # an atomic write takes milliseconds; a temp file thi
 # ".known_gpus.json.k2j4_x9a.tmp": tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp") in statefile.
 _TEMP_RE = re.compile(r"^\.[A-Za-z0-9_.-]+\.[a-z0-9_]{8}\.tmp$")
 
-_recreated_logged: set[str] = set()
+_recreated = Latch(log)  # by path: said once per state dir
 _recreate_lock = threading.Lock()
 
 
@@ -94,13 +95,9 @@ def ensure_state_dir(path: Path) -> bool:
         try:
             path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
-            if str(path) not in _recreated_logged:
-                log.warning("state dir %s is gone and cannot be made again: %s", path, exc.strerror)
-                _recreated_logged.add(str(path))
+            _recreated.fail("state dir %s is gone and cannot be made again: %s", path, exc.strerror, key=str(path))
             return False
-        if str(path) not in _recreated_logged:
-            log.warning("state dir %s was deleted while the agent ran; made it again", path)
-            _recreated_logged.add(str(path))
+        _recreated.fail("state dir %s was deleted while the agent ran; made it again", path, key=str(path))
     return True
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuIdentity
 from gpuwatch.safefile import UnsafeFileError, read_regular_file
 from gpuwatch.statedir import STATE_DIR_MODE, ensure_state_dir
@@ -214,7 +215,7 @@ class KnownGpus:
         self._lock = threading.Lock()
         self._gpus: dict[str, GpuIdentity] | None = None  # None until loaded
         self._unsaved = False
-        self._failing = False
+        self._failing = Latch(log)  # a failing disk is said once, and once when a write works again
         self._last_attempt = 0.0
 
     def load(self) -> dict[str, GpuIdentity]:
@@ -265,13 +266,9 @@ class KnownGpus:
         try:
             atomic_write_json(self.path, _known_gpus_document(self._ensure_loaded()))
         except StateDirError as exc:
-            if not self._failing:
-                log.warning("%s; known GPUs are kept in memory and written when possible", exc)
-            self._failing = True
+            self._failing.fail("%s; known GPUs are kept in memory and written when possible", exc)
             return
-        if self._failing:
-            log.info("wrote %s again after earlier failures", self.path)
-        self._failing = False
+        self._failing.recover("wrote %s again after earlier failures", self.path)
         self._unsaved = False
 
 

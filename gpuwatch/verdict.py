@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from gpuwatch.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
 from gpuwatch.thresholds import runbook_url, threshold, xid_class, xid_meaning
@@ -33,14 +34,15 @@ __all__ = [
 BENIGN_REASONS = frozenset(
     {"gpu_idle", "sw_power_cap", "applications_clocks", "display_clock", "sync_boost", "low_utilization"}
 )
-LEVELS = ("bad", "warn", "info")  # bad: a critical alert's condition; warn: a warning's; info: no alert
+Level = Literal["bad", "warn", "info"]  # bad: a critical alert's condition; warn: a warning's; info: no alert
+LEVELS: tuple[Level, ...] = get_args(Level)  # worst first
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One condition: how bad (bad, warn, info), the alert it is, what is wrong (now against its limit), what to do."""
 
-    level: str
+    level: Level
     alert: str
     text: str
     remedy: str

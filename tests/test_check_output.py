@@ -81,3 +81,47 @@ def test_a_bad_node(tmp_path: Path, taken_port: int) -> None:
     _one_format(text)
     assert text.count("[FAIL]") == 4, text
     _golden("check-bad.txt", text)
+
+
+def test_every_registered_collector_says_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The collector lines come from the registry: each registration's module answers `check`, a disabled one is
+    said as such, and a new registration brings its own line (and its remedy) with no change to the command."""
+    import types
+
+    from gpuwatch import collector, commands
+    from gpuwatch.collector import CheckLine, check_lines
+    from gpuwatch.config import load_config
+    from gpuwatch.registry import COLLECTORS, REGISTRY, Registration
+    from gpuwatch.simulation import build_sources
+
+    config = load_config(None, {"agent": {"backend": "simulated", "state_dir": str(tmp_path)}})
+    said = {name for name, _ in check_lines(config, build_sources(config))}
+    assert said == set(COLLECTORS)
+
+    disabled = load_config(None, {"agent": {"backend": "simulated", "disable_collectors": ("ipmi",)}})
+    ipmi = [line for name, line in check_lines(disabled, build_sources(disabled)) if name == "ipmi"]
+    assert ipmi == [CheckLine("ok", "collector ipmi", "disabled (agent.disable_collectors)")]
+
+    new = types.ModuleType("tests_nvswitch_collector")
+    new.check = lambda config, sources, name: [  # type: ignore[attr-defined]
+        CheckLine("FAIL", f"{name} fabric manager", "not running", "systemctl start nvidia-fabricmanager")
+    ]
+    monkeypatch.setitem(sys.modules, new.__name__, new)
+    monkeypatch.setattr(collector, "REGISTRY", (*REGISTRY, Registration("nvswitch", new.__name__)))
+    config = load_config(
+        None, {"agent": {"backend": "simulated", "state_dir": str(tmp_path), "listen": f"127.0.0.1:{free_port()}"}}
+    )
+    assert commands.check(config) == 69  # its FAIL stops the agent like any other
+    out = capsys.readouterr().out
+    assert out.endswith("[FAIL] nvswitch fabric manager: not running\n    fix: systemctl start nvidia-fabricmanager\n")
+    _one_format(out)
+
+
+def test_a_warn_or_fail_line_without_a_remedy_is_refused() -> None:
+    from gpuwatch.collector import CheckLine
+
+    with pytest.raises(ValueError, match="without a remedy"):
+        CheckLine("warn", "probe engine", "none installed")
+    assert CheckLine("ok", "probe engine", "simulated worker").fix == ""

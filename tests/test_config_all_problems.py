@@ -18,12 +18,13 @@ def test_every_problem_at_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path, {"simulated": {"scenario": "nope"}})
     keys = [(p.source, p.flag or p.key) for p in info.value.problems]
+    # What a value is (unknown key, wrong type, not one of the choices) is checked as it is read; ranges after.
     assert keys == [
         (str(path), "agent.bogus"),
+        (str(path), "probe.engine"),
         (str(path), "agent.poll_interval_seconds"),
         (str(path), "agent.listen"),
         ("command line", "--scenario"),
-        (str(path), "probe.engine"),
     ]
     text = str(info.value)
     assert text.startswith(f"{path}: agent.bogus: unknown key") and text.count("\n  ") == 4, text

@@ -4,6 +4,7 @@ rules, their thresholds and the inhibitions. The committed files must be what th
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 import yaml
 from repofiles import REPO
 
+from gpuwatch.cli import build_parser
+from gpuwatch.exitcodes import MEANINGS
 from gpuwatch.metrics import CATALOGUE
 
 GENERATOR = REPO / "docs" / "generate.py"
@@ -54,3 +57,13 @@ def test_every_metric_and_alert_is_in_its_reference() -> None:
     rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "gpuwatch-alerts.yml").read_text())
     names = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
     assert len(names) >= 28 and all(f"| `{name}` |" in alerts for name in names)
+
+
+def test_readme_and_help_give_every_exit_status() -> None:
+    """The exit statuses are defined once (gpuwatch/exitcodes.py); the README's list and `gpuwatch --help` name each."""
+    readme = (REPO / "README.md").read_text()
+    listed = readme.split("Exit status:", 1)[1].split("A missing or broken GPU driver", 1)[0]
+    assert {int(n) for n in re.findall(r"(?<![\w`-])(\d+) ", listed)} == set(MEANINGS), listed
+    epilog = build_parser().epilog or ""
+    for code, meaning in MEANINGS.items():
+        assert f"{code} {meaning}" in epilog

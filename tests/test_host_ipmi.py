@@ -319,8 +319,8 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
 ) -> None:
     """Tests run as root, so the permission problem is simulated for the fixture device only: first the file mode
     (os.access), then the device cgroup of a unit without the ipmi.conf drop-in (open() refused, access() fine)."""
-    from gpuwatch.host.collectors import HostSource
-    from gpuwatch.host.report import check_host, print_host_table, read_host
+    from gpuwatch.host.collectors import HostSource, check_source
+    from gpuwatch.host.report import print_host_table, read_host
 
     tool = fake_ipmitool(tmp_path, "")
     device = tmp_path / "ipmi0"
@@ -347,10 +347,10 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
 
     # `gpuwatch check` warns (FAIL when host.ipmi = "on"); `gpuwatch snapshot` names the problem, never "no BMC".
     auto = HostSource("ipmi", reader, 60.0, reader.usable)
-    [(level, what, detail)] = check_host([auto], ["hwmon"])[:1]
-    assert (level, what) == ("warn", "host ipmi") and detail == why
+    line = check_source(auto)
+    assert (line.level, line.what) == ("warn", "host ipmi") and line.detail == why and "ipmi.conf" in line.fix
     required = HostSource("ipmi", reader, 60.0, reader.usable, required=True)
-    assert check_host([required], ["hwmon"])[0][0] == "FAIL"
+    assert check_source(required).level == "FAIL"
     samples, problems = read_host([auto])
     assert samples == [] and problems == {"ipmi": why}
     print_host_table(samples, problems)
@@ -358,7 +358,7 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
     assert "ipmi: unavailable: BMC present but not accessible" in out and "no BMC" not in out
 
     absent = IpmiReader(LocalBmc(str(tool), tmp_path / "no-ipmi0"))  # no device at all: still just info
-    assert check_host([HostSource("ipmi", absent, 60.0, absent.usable)], ["hwmon"])[0][0] == "info"
+    assert check_source(HostSource("ipmi", absent, 60.0, absent.usable)).level == "ok"
 
 
 # --- properties: `ipmitool sensor` and `sdr type "Power Supply"` as ipmitool prints them -----------------------

@@ -365,9 +365,9 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     sim: SimAgent, tmp_path: Path
 ) -> None:
     """Real worker children that report power_capped false (warm-up ended at warmup_max, never at the cap)."""
-    from gpuwatch.commands import _uncapped_baselines
     from gpuwatch.config import load_config
     from gpuwatch.probe.baseline import UNCAPPED_PROBES_TO_ESTABLISH
+    from gpuwatch.probe.collector import uncapped_baselines
 
     script = tmp_path / "uncapped.py"
     script.write_text(
@@ -391,8 +391,9 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     (again,) = probe.run(gpus={0})  # compared with the uncapped baseline from now on
     assert again.baseline_flops == outcome.baseline_flops and again.ratio is not None
     config = load_config(None, {"agent": {"state_dir": str(tmp_path)}})
-    (line,) = _uncapped_baselines(config)  # `gpuwatch check` says it
-    assert line.startswith("[warn] probe baseline of GPU ") and "never reached the power limit" in line
+    (line,) = uncapped_baselines(config)  # `gpuwatch check` says it, with what to do
+    assert (line.level, line.what) == ("warn", f"probe baseline of GPU {outcome.uuid}")
+    assert "never reached the power limit" in line.detail and "--reset-baseline" in line.fix
 
 
 def test_an_engine_fallback_is_noted_on_every_result_and_logged_once(

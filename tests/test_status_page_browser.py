@@ -220,7 +220,7 @@ def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
 
     from gpuwatch.model import GpuIdentity, GpuSample
     from gpuwatch.probebook import ProbeOutcome, ProbeView, WorkerResult
-    from gpuwatch.status_page import GpuView
+    from gpuwatch.status_findings import GpuView
     from gpuwatch.store import SampleStore
 
     now = 1_000_000.0
@@ -242,7 +242,7 @@ def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
 
 
 def test_slow_probe_is_judged_on_fresh_results_only() -> None:
-    from gpuwatch.status_page import health_flags
+    from gpuwatch.status_findings import health_flags
 
     fresh = [f.text for f in health_flags(_view(probe_age_s=300))]  # type: ignore[arg-type]
     assert any(t.startswith("slow probe: 80%") for t in fresh), fresh
@@ -252,7 +252,7 @@ def test_slow_probe_is_judged_on_fresh_results_only() -> None:
 
 
 def test_a_lifetime_count_of_uncorrectable_ecc_errors_is_a_warning() -> None:
-    from gpuwatch.status_page import health_flags
+    from gpuwatch.status_findings import health_flags
 
     flags = health_flags(_view(probe_age_s=None, ecc_uncorrected=3))  # type: ignore[arg-type]
     ecc = [f for f in flags if "ECC" in f.text]

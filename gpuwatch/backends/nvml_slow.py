@@ -18,6 +18,7 @@ from gpuwatch.backends.nvml_tables import (
     _FieldIds,
 )
 from gpuwatch.backends.tiered import TieredBackend, TieredGpu
+from gpuwatch.latch import Latch
 from gpuwatch.model import COMPUTE_MODES, GpuSample
 
 log = logging.getLogger("gpuwatch.backends.nvml")  # the backend's logger: its lines keep their name
@@ -36,7 +37,7 @@ class _Gpu(TieredGpu):
     slow_fields: tuple[int, ...] = ()  # added to that call on slow polls
     counter_fields: dict[int, str] = field(default_factory=dict)  # field id -> throttle reason it counts
     violation_policies: dict[int, str] = field(default_factory=dict)  # policy -> reason no field counts
-    persistence_warned: bool = False
+    persistence_off: Latch = field(default_factory=lambda: Latch(log))
 
 
 class NvmlSlowTier(TieredBackend[_Gpu]):
@@ -179,13 +180,14 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
             sample.compute_mode = COMPUTE_MODES[mode]
         if (persistence := self._call(gpu, "nvmlDeviceGetPersistenceMode")) is not None:
             sample.persistence_mode_enabled = persistence == lib.NVML_FEATURE_ENABLED
-            if not sample.persistence_mode_enabled and not gpu.persistence_warned:
-                gpu.persistence_warned = True
-                log.warning(
+            if not sample.persistence_mode_enabled:
+                gpu.persistence_off.fail(
                     "GPU %s: persistence mode is off, so every NVML call re-initialises the GPU "
                     "(tens of ms): start nvidia-persistenced",
                     gpu.identity.uuid,
                 )
+            else:
+                gpu.persistence_off.recover("GPU %s: persistence mode is on again", gpu.identity.uuid)
         self._read_fans(gpu, sample)
 
     def _read_fans(self, gpu: _Gpu, sample: GpuSample) -> None:

@@ -11,18 +11,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuwatch.collector import CollectorContext, Every
+from gpuwatch.collector import CheckLine, CollectorContext, Every
 from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiError, IpmiReader, LocalBmc
+from gpuwatch.host.ipmi import INACCESSIBLE, IpmiError, IpmiReader, LocalBmc
 from gpuwatch.host.sensormap import load_sensor_maps
-from gpuwatch.model import HostSample
+from gpuwatch.latch import Latch
+from gpuwatch.model import HostSample, HostSourceName
 
 if TYPE_CHECKING:
     from gpuwatch.config import Config
+    from gpuwatch.sources import NodeSources
     from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -40,12 +42,11 @@ class HostReader(Protocol):
 class HostSource:
     """One host collector: its reader, how often it runs, and whether it is there at all on this machine."""
 
-    name: str  # hwmon, ipmi: the collector label and the --disable-collector name
+    name: HostSourceName  # the collector label and the --disable-collector name
     reader: HostReader
     interval_seconds: float
     usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)
     required: bool = False  # a run where the source is not usable is a failure, not an empty success
-    reported: str = field(default="")
 
 
 def hwmon_usable(reader: HwmonReader) -> Callable[[], tuple[bool, str]]:
@@ -90,6 +91,8 @@ class HostCollector:
         self.source = source
         self._store = store
         self._clock = clock
+        # A problem is said once, a different one too (timeouts, then the device gone), and once when it clears.
+        self._problem = Latch(log, repeat_when_changed=True)
         self.schedule = Every(f"host-{source.name}")
 
     @property
@@ -122,15 +125,41 @@ class HostCollector:
         return True
 
     def _say(self, source: HostSource, message: str) -> None:
-        """Log a source's problem once, and once when it clears, not at every run."""
-        if message == source.reported:
-            return
+        """Log a source's problem ("" when there is none) once, and once when it clears, not at every run."""
         if message:
-            log.warning("%s", message)
-        elif source.reported:
-            log.info("%s reads again", source.name)
-        source.reported = message
+            self._problem.fail("%s", message)
+        else:
+            self._problem.recover("%s reads again", source.name)
 
 
 def collectors(context: CollectorContext, name: str) -> list[HostCollector]:
     return [HostCollector(s, context.store, clock=context.clock) for s in context.sources.host if s.name == name]
+
+
+_FIXES = {
+    "hwmon": "give the agent's user read access to /sys/class/hwmon (docs/host-power.md), or --disable-collector hwmon",
+    "ipmi": "give the agent's user the BMC device (the unit's ipmi.conf drop-in, docs/host-power.md), or set "
+    'host.ipmi = "off"',
+}
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """`gpuwatch check`'s line for the hwmon or ipmi collector."""
+    source = next((s for s in sources.host if s.name == name), None)
+    if source is None:  # disabled collectors are said by the registry; this is host.ipmi = "off"
+        return [CheckLine("ok", f"host {name}", 'off (host.ipmi = "off")')]
+    return [check_source(source)]
+
+
+def check_source(source: HostSource) -> CheckLine:
+    """Found: ok. Absent (VMs, cloud nodes): ok, nothing to export, unless required. Present but not openable by this
+    user: a deployment problem (warn; FAIL when required)."""
+    found, detail = source.usable()
+    what, fix = f"host {source.name}", _FIXES[source.name]
+    if found:
+        return CheckLine("ok", what, f"{detail} (every {source.interval_seconds:g} s)")
+    if detail.startswith(INACCESSIBLE):
+        return CheckLine("FAIL" if source.required else "warn", what, detail, fix)
+    if source.required:
+        return CheckLine("FAIL", what, detail, fix)
+    return CheckLine("ok", what, f"{detail}; nothing to export, not an error")

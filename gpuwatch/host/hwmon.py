@@ -25,6 +25,7 @@ from gpuwatch.host.rails import (
     nominal_from_reading,
 )
 from gpuwatch.host.sensormap import ChipMap, InputMap, find_input, has_mapping
+from gpuwatch.latch import Latch
 from gpuwatch.model import HostPsuPower, HostReadingValue, HostSample, HostVoltage
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class HwmonReader:
         self.root = root
         self.maps = tuple(maps)
         self._clock = clock
-        self._warned: set[str] = set()
+        self._unmapped = Latch(log)  # by chip label: said once, a hint that holds until the maps change
         self._nominals: dict[tuple[str, str], float] = {}  # (chip label, input) -> nominal inferred from a reading
 
     @property
@@ -110,12 +111,13 @@ class HwmonReader:
             if supply is not None:
                 power.append(supply)
             mapped = has_mapping(self.maps, chip.label, board)
-            if chip.super_io and not mapped and chip.label not in self._warned:
-                self._warned.add(chip.label)
-                log.info(
+            if chip.super_io and not mapped:
+                self._unmapped.fail(
                     "%s is a Super-I/O chip: its voltages are exported only through a mapping in host.sensor_maps "
                     "(see deploy/sensor-maps/); temperatures and fans are read",
                     chip.label,
+                    key=chip.label,
+                    level=logging.INFO,
                 )
             for kind, index in _inputs(chip.path):
                 key = f"{kind}{index}"

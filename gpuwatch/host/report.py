@@ -1,4 +1,5 @@
-"""What `gpuwatch snapshot` and `gpuwatch check` say about the host sources: rails, supplies, temperatures, fans."""
+"""What `gpuwatch snapshot` says about the host sources: rails, supplies, temperatures, fans (`gpuwatch check`'s
+lines are the host collectors' own: gpuwatch/host/collectors.py)."""
 
 from __future__ import annotations
 
@@ -75,24 +76,6 @@ def print_host_table(samples: Sequence[HostSample], problems: dict[str, str]) ->
         print("temperatures: " + ", ".join(f"{t.chip} {t.sensor} {t.value:.1f}°C" for t in temps))
     if fans:
         print("fans: " + ", ".join(f"{f.chip} {f.sensor} {f.value:.0f} RPM" for f in fans))
-
-
-def check_host(sources: Sequence[HostSource], disabled: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(level, what, detail) per host source: ok when found, info when absent (VMs), FAIL only when required."""
-    lines: list[tuple[str, str, str]] = []
-    names = {s.name for s in sources}
-    for source in sources:
-        found, detail = source.usable()
-        level = "ok" if found else ("FAIL" if source.required else "info")
-        suffix = f" (every {source.interval_seconds:g} s)" if found else "; nothing to export, not an error"
-        if not found and detail.startswith(INACCESSIBLE):  # a BMC this user cannot open is a deployment problem
-            level, suffix = ("FAIL" if source.required else "warn"), ""
-        lines.append((level, f"host {source.name}", detail + (suffix if found or not source.required else "")))
-    for name in ("hwmon", "ipmi"):
-        if name not in names:
-            reason = "disabled" if name in disabled else "off (host.ipmi)"
-            lines.append(("info", f"host {name}", reason))
-    return lines
 
 
 def _num(value: float | None) -> str:

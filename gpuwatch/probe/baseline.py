@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuwatch.latch import Latch
 from gpuwatch.safefile import open_regular
 from gpuwatch.statedir import open_in_state_dir
 from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
@@ -85,7 +86,7 @@ class Baselines:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / BASELINES_FILE
         self._lock_path = state_dir / f".{BASELINES_FILE}.lock"
-        self._failing = False  # a read-only or full state dir is said once, not at every probe of every GPU
+        self._failing = Latch(log)  # a read-only or full state dir is said once, not at every probe of every GPU
 
     def load(self) -> dict[str, Baseline]:
         """Every GPU's baseline; a missing or unusable file gives {} (an unusable one is moved aside and logged)."""
@@ -233,13 +234,9 @@ class Baselines:
         try:
             atomic_write_json(self.path, doc)
         except StateDirError as exc:
-            if not self._failing:
-                log.warning("%s; the probe baseline is kept for this run only", exc)
-            self._failing = True
+            self._failing.fail("%s; the probe baseline is kept for this run only", exc)
             return
-        if self._failing:
-            log.info("wrote %s again after earlier failures", self.path)
-        self._failing = False
+        self._failing.recover("wrote %s again after earlier failures", self.path)
 
 
 def _parse(entry: Any) -> Baseline | None:

@@ -12,25 +12,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gpuwatch.config import ProbeSection
+from gpuwatch.exitcodes import WORKER_NO_ENGINE
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import BaselineKey, Baselines, Mode
 from gpuwatch.probe.children import _Child, _failure, _last_json
 from gpuwatch.probe.readings import SpeedLog, _previous, _telemetry
-from gpuwatch.probe.worker import EXIT_NO_ENGINE
-from gpuwatch.probebook import ProbeBook, ProbeOutcome, WorkerResult
+from gpuwatch.probebook import ProbeBook, ProbeOutcome, ProbeResult, WorkerResult
 
 log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
 
 READER_JOIN_SECONDS = 2.0  # a child's output readers end with its pipes; a grandchild holding them open is cut off
 
 
-def outcome(identity: GpuIdentity, result: str, reason: str, clock: Callable[[], float], **kw: object) -> ProbeOutcome:
+def outcome(
+    identity: GpuIdentity, result: ProbeResult, reason: str, clock: Callable[[], float], **kw: Any
+) -> ProbeOutcome:
     """A probe result of one GPU, stamped now; anything but ok is logged at debug level with its reason."""
     if result != "ok":
         log.debug("probe on GPU %d: %s (%s)", identity.index, result, reason)
-    return ProbeOutcome(identity.uuid, identity.index, result, reason, timestamp=clock(), **kw)  # type: ignore[arg-type]
+    return ProbeOutcome(identity.uuid, identity.index, result, reason, timestamp=clock(), **kw)
 
 
 class Conclusions:
@@ -50,7 +54,7 @@ class Conclusions:
         self._clock = clock
         self._stopping = stopping
         self._memory_limit_bytes = memory_limit_bytes
-        self._fallbacks_logged: set[str] = set()  # an engine fallback is logged once, then only noted per result
+        self._fallbacks = Latch(log)  # by fallback: an engine fallback is logged once, then only noted per result
         self._speed = SpeedLog()  # a slow GPU warned once, until it recovers
 
     def conclude(self, settings: ProbeSection, child: _Child, sample: GpuSample, mode: Mode) -> ProbeOutcome:
@@ -75,7 +79,7 @@ class Conclusions:
             return self._outcome(identity, "failed", "the agent stopped while the probe ran")
         doc = _last_json(b"".join(child.stdout))
         code = child.proc.returncode
-        if code == EXIT_NO_ENGINE and doc is not None and doc.get("error") == "no_engine":  # the worker's own answer
+        if code == WORKER_NO_ENGINE and doc is not None and doc.get("error") == "no_engine":  # the worker's own answer
             return self._outcome(identity, "skipped_unsupported", str((doc or {}).get("message", "no probe engine")))
         if code != 0 or doc is None or not doc.get("ok"):
             why = _failure(code, doc, stderr)
@@ -133,9 +137,9 @@ class Conclusions:
         fallback = "; ".join(str(p) for p in passed_over) if isinstance(passed_over, list) else ""
         if fallback:
             note = f"ran on {measured.engine}, passed over {fallback}" + (f"; {note}" if note else "")
-            if fallback not in self._fallbacks_logged:
-                self._fallbacks_logged.add(fallback)
-                log.warning("probe on GPU %d ran on %s, passed over %s", identity.index, measured.engine, fallback)
+            self._fallbacks.fail(
+                "probe on GPU %d ran on %s, passed over %s", identity.index, measured.engine, fallback, key=fallback
+            )
         if child.explicit_busy:
             note = "the GPU was busy: not comparable with its baseline" + (f"; {note}" if note else "")
         return self._outcome(
@@ -149,5 +153,5 @@ class Conclusions:
             baseline_note=note,
         )
 
-    def _outcome(self, identity: GpuIdentity, result: str, reason: str = "", **kw: object) -> ProbeOutcome:
+    def _outcome(self, identity: GpuIdentity, result: ProbeResult, reason: str = "", **kw: Any) -> ProbeOutcome:
         return outcome(identity, result, reason, self._clock, **kw)

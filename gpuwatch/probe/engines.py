@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 ITERATION_BATCH_SECONDS = 0.025  # how much work is queued between two looks at the clock
 
 
@@ -391,25 +390,16 @@ def _host_memcpy(copy: Any, nbytes: int, repeats: int = 3) -> dict[str, Any]:
 ENGINE_DISTRIBUTIONS = {"cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "torch": ("torch",)}
 
 
-def describe_engines(config: Any, found: list[str]) -> str:
-    """`gpuwatch check`'s line about the probe engine: `found` is what the node's probe launcher finds (the
-    production one: available_engines(), without importing them)."""
-    if config.probe.interval_seconds == 0 or "probe" in config.agent.disable_collectors:
-        return "[ok] probe: off"
-    if not found:
-        return (
-            "[warn] probe engine: none installed; every probe is skipped_unsupported "
-            "(pip install 'gpuwatch[probe]' for CuPy, or install PyTorch)"
-        )
-    if not set(found) & set(ENGINE_DISTRIBUTIONS):  # a worker of another launcher: nothing to look up
-        return f"[ok] probe engine: {', '.join(found)}"
-    versions = []
+def engine_versions(found: list[str]) -> dict[str, str]:
+    """The engines a launcher found, in preference order, with their package's version (a name that is no package of
+    ours, like the simulated node's worker, stands as it is)."""
+    versions = {}
     for name in found:
         dist = ENGINE_DISTRIBUTIONS.get(name, ())
-        version = next((v for d in dist if (v := _dist_version(d)) is not None), "unknown version")
-        versions.append(f"{name} {version}")
-    chosen = config.probe.engine if config.probe.engine != "auto" else found[0]
-    return f"[ok] probe engine: {', '.join(versions)} (uses {chosen})"
+        versions[name] = next(
+            (v for d in dist if (v := _dist_version(d)) is not None), "" if not dist else "unknown version"
+        )
+    return versions
 
 
 def _dist_version(name: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from statistics import fmean
 
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuSample
 from gpuwatch.probe.baseline import Baseline
 from gpuwatch.probebook import Telemetry
@@ -75,18 +76,16 @@ class SpeedLog:
     (the same ratio as GpuUnderperforming, gpuwatch.thresholds)."""
 
     def __init__(self) -> None:
-        self._slow: set[str] = set()
+        self._slow = Latch(log)  # by UUID
 
     def judge(self, index: int, uuid: str, ratio: float) -> None:
-        slow = ratio < threshold("probe_baseline_ratio")
-        if slow and uuid not in self._slow:
-            self._slow.add(uuid)
-            log.warning(
+        if ratio < threshold("probe_baseline_ratio"):
+            self._slow.fail(
                 "probe on GPU %d computes %.0f %% of its own baseline: check its clocks, power and temperature (%s)",
                 index,
                 ratio * 100,
                 runbook_url("GpuUnderperforming"),
+                key=uuid,
             )
-        elif not slow and uuid in self._slow:
-            self._slow.discard(uuid)
-            log.info("probe on GPU %d is back at %.0f %% of its baseline", index, ratio * 100)
+        else:
+            self._slow.recover("probe on GPU %d is back at %.0f %% of its baseline", index, ratio * 100, key=uuid)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from gpuwatch.config import ProbeSection
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, Baselines, Mode
 from gpuwatch.probe.children import PROC_PID_INIT_INO
@@ -28,7 +29,7 @@ from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.readings import _previous, _unsupported, held_down
 from gpuwatch.probe.supervisor import WORKER_MEMORY_LIMIT_BYTES, WorkerSupervisor
-from gpuwatch.probebook import ProbeOutcome
+from gpuwatch.probebook import ProbeOutcome, ProbeResult
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class ProbeRunner:
         self._launcher = launcher or WorkerLauncher()
         self._clock = clock
         self._progress = progress
-        self._namespace_logged = False
+        self._namespace = Latch(log)  # said once
         self._rounds = 0  # rounds running now (the agent's, or a test's beside it)
         self._rounds_changed = threading.Condition()
         self.workers = WorkerSupervisor(
@@ -174,9 +175,7 @@ class ProbeRunner:
         inode = self._launcher.pid_namespace_inode()
         if inode is None or inode == PROC_PID_INIT_INO:  # unknown (no /proc/self/ns): assume the host's
             return True
-        if not self._namespace_logged:
-            log.warning("probe disabled: %s", NOT_HOST_PID_NAMESPACE)
-            self._namespace_logged = True
+        self._namespace.fail("probe disabled: %s", NOT_HOST_PID_NAMESPACE)
         return False
 
     def _busy(self, sample: GpuSample) -> str | None:
@@ -193,7 +192,7 @@ class ProbeRunner:
             self._store.probe.set_baseline(uuid, baseline.key.dtype, baseline.flops, _previous(baseline))
         return baselines
 
-    def _outcome(self, identity: GpuIdentity, result: str, reason: str = "") -> ProbeOutcome:
+    def _outcome(self, identity: GpuIdentity, result: ProbeResult, reason: str = "") -> ProbeOutcome:
         return outcome(identity, result, reason, self._clock)
 
     # --- running ----------------------------------------------------------------------------------------------

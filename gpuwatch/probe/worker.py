@@ -6,8 +6,9 @@ stdin, that the power limit is reached (it watches the vendor library; ``--power
 then times each matmul over a measured window, then times pinned host<->device copies. ``gpu_time_seconds`` covers all
 three: from the first warm-up matmul to the end of the last copy.
 
-Exit status: 0 with a result; 3 when the probe cannot run here (no engine: ``{"ok": false, "error": "no_engine"}``,
-which the runner counts as skipped_unsupported, never failed); 1 on any other failure (``"error": "failed"``).
+Exit status (gpuwatch/exitcodes.py, WORKER_*): 0 with a result; 3 when the probe cannot run here (no engine:
+``{"ok": false, "error": "no_engine"}``, which the runner counts as skipped_unsupported, never failed); 1 on any other
+failure (``"error": "failed"``).
 Any other worker a launcher starts (gpuwatch/probe/launch.py) takes these arguments and answers the same way.
 """
 
@@ -20,11 +21,11 @@ import select
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_NO_ENGINE = 3
+from gpuwatch.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
+from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
+
 CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
 
 
@@ -35,10 +36,10 @@ def build_parser(
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--json", action="store_true", help="print the result as JSON (the only output format)")
     p.add_argument("--uuid", default="", help="the GPU's UUID (for the record; pinning is by the environment)")
-    p.add_argument("--vendor", choices=("nvidia", "amd"), default="nvidia")
-    p.add_argument("--engine", choices=("auto", "cupy", "torch"), default="auto")
+    p.add_argument("--vendor", choices=get_args(Vendor), default="nvidia")
+    p.add_argument("--engine", choices=get_args(ProbeEngineChoice), default="auto")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: run on the CPU (tests, CI)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--dtype", choices=get_args(ProbeDtype), default="bf16")
     p.add_argument("--size", type=int, default=8192, help="n of the n×n×n matmul")
     p.add_argument("--warmup-min", type=float, default=0.5, help="warm up at least this long (s)")
     p.add_argument("--warmup-max", type=float, default=1.5, help="give up waiting for the power limit after (s)")
@@ -59,11 +60,11 @@ def answer(work: Callable[[argparse.Namespace], dict[str, Any]], args: argparse.
     os.dup2(2, 1)
     try:
         doc = work(args)
-        code = EXIT_OK
+        code = WORKER_OK
     except _NoEngine as exc:
-        doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, EXIT_NO_ENGINE
+        doc, code = {"ok": False, "error": "no_engine", "message": str(exc)}, WORKER_NO_ENGINE
     except Exception as exc:
-        doc, code = {"ok": False, "error": "failed", "message": f"{type(exc).__name__}: {exc}"}, EXIT_FAILED
+        doc, code = {"ok": False, "error": "failed", "message": f"{type(exc).__name__}: {exc}"}, WORKER_FAILED
     os.write(out_fd, (json.dumps(doc) + "\n").encode())
     os.close(out_fd)
     return code

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from gpuwatch.exitcodes import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from gpuwatch.scenario_catalogue import SCENARIOS
 from gpuwatch.simulated.scenarios import NODE_ONLY_SCENARIOS
 
@@ -339,7 +340,7 @@ def simulate_fleet(args: Any) -> int:
         )
     except FleetError as exc:
         print(f"gpuwatch simulate-fleet: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -347,8 +348,8 @@ def simulate_fleet(args: Any) -> int:
         run_fleet(plan, args.targets, stop, announce=lambda line: print(line, flush=True))
     except FleetError as exc:
         print(f"gpuwatch simulate-fleet: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except FleetStartError as exc:
         print(f"gpuwatch simulate-fleet: {exc}", file=sys.stderr)
-        return 69
-    return 0
+        return EXIT_UNAVAILABLE
+    return EXIT_OK
