@@ -351,6 +351,8 @@ _FIXES = {
     "host": "give the agent's user access to the sensor (docs/host-power.md), or turn the source off in [host]",
     "kernel log": "run the agent in group adm or systemd-journal (the unit does); without it XIDs come from NVML "
     "events only",
+    "real utilization": "nothing to fix on such a GPU: it exports gpuwatch_gpu_utilization_ratio only "
+    "(docs/reading-the-metrics.md, Real utilization); an old nvidia-ml-py: pip install -U nvidia-ml-py",
     "probe": "docs/probe.md: install an engine, or reset the baseline on an idle GPU (gpuwatch probe --reset-baseline)",
 }
 
@@ -370,7 +372,10 @@ def check(config: Config) -> int:
             "on a GPU node, check lspci and the driver; to try gpuwatch without a GPU: --backend simulated",
         )
     for slot in sources.slots:
-        report.result(*_check_backend(slot), _FIXES["backend"])
+        ok, what, detail, activity = _check_backend(slot)
+        report.result(ok, what, detail, _FIXES["backend"])
+        for level, line in activity:
+            report.line(level, f"real utilization ({slot.name})", line, _FIXES["real utilization"])
     for device in sorted(Path("/dev").glob("nvidia*")) if config.agent.backend != "simulated" else []:
         readable = os.access(device, os.R_OK | os.W_OK)
         report.result(
@@ -442,23 +447,38 @@ def _uncapped_baselines(config: Config) -> list[str]:
     ]
 
 
-def _check_backend(slot: BackendSlot) -> tuple[bool, str, str]:
+def _check_backend(slot: BackendSlot) -> tuple[bool, str, str, list[tuple[str, str]]]:
+    """The backend's line, and the real-utilization lines under it: (level, text)."""
     try:
         backend = slot.factory()
         backend.open()
     except BackendUnavailable as exc:
-        return False, f"backend {slot.name}", str(exc)
+        return False, f"backend {slot.name}", str(exc), []
     try:
         gpus = len(backend.poll(slow=False))
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
         mismatch = backend.version_problem()  # AMD: package vs host ROCm
+        activity = _activity_lines(backend, gpus)
     except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
-        return False, f"backend {slot.name}", f"opened, then failed: {exc}"
+        return False, f"backend {slot.name}", f"opened, then failed: {exc}", []
     finally:
         backend.close()
     if mismatch:
-        return False, f"backend {slot.name}", f"{gpus} GPU(s); {versions}; {mismatch}"
-    return True, f"backend {slot.name}", f"{gpus} GPU(s); {versions}"
+        return False, f"backend {slot.name}", f"{gpus} GPU(s); {versions}; {mismatch}", activity
+    return True, f"backend {slot.name}", f"{gpus} GPU(s); {versions}", activity
+
+
+def _activity_lines(backend: Any, gpus: int) -> list[tuple[str, str]]:
+    """ok with how many GPUs have SM/tensor/DRAM activity, a warn line for each GPU without it and why."""
+    support = getattr(backend, "activity_support", None)
+    if support is None or not gpus:
+        return []
+    able, missing = support()
+    lines = [("ok", f"SM, tensor and DRAM activity on {able} of {gpus} GPU(s)")] if able else []
+    by_reason: dict[str, list[str]] = {}
+    for index, reason in missing:
+        by_reason.setdefault(reason, []).append(str(index))
+    return lines + [("warn", f"GPU {', '.join(indices)}: {reason}") for reason, indices in by_reason.items()]
 
 
 def _check_state_dir(config: Config) -> tuple[bool, str, str]:

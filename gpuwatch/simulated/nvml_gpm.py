@@ -18,10 +18,9 @@ from ctypes import POINTER, Structure, c_double, c_int32, c_uint, c_uint32, c_ui
 from typing import Any, TypeVar
 
 from gpuwatch.simulated import nvml_constants as c
-from gpuwatch.simulated.activity import CHANNELS, totals
+from gpuwatch.simulated.activity import CHANNELS
 from gpuwatch.simulated.nvml_errors import NvmlFailure
 from gpuwatch.simulated.nvml_structs import nvmlGpmMetric_t, nvmlGpmMetricsGetHeader_t, nvmlGpmSupport_t
-from gpuwatch.simulated.physics import Jitter
 from gpuwatch.simulated.scenarios import GpuSpec, SimulatedNode
 
 _P = c_void_p
@@ -180,11 +179,10 @@ class GpmFunctions:
         sample = self._gpm_samples.get(address or 0)
         if sample is None:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
-        node, spec = self.node, self.node.spec(index)
-        state = node.state(index)
-        plan = node.plan(index)
+        spec, state = self.node.spec(index), self.node.state(index)
+        plan = self.node.plan(index)
         hz = spec.clock_max_mhz["sm"] * 1e6
-        now = totals(plan, Jitter(node.seed, index), state.elapsed, min(spec.nvlink_links, _LINKS))
+        now = state.activity
         sample.filled, sample.gpu, sample.elapsed = 1, index, state.elapsed
         sample.cycles_elapsed = now.uptime_s * hz
         sample.graphics_active = (state.elapsed if plan.busy else 0.0) * hz  # utilization.gpu is 0 or 1 here

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwatch.model import THROTTLE_REASONS, Vendor
 from gpuwatch.scenario_catalogue import SCENARIOS
+from gpuwatch.simulated.activity import ActivityTotals, totals
 from gpuwatch.simulated.faults import FaultInjector
 from gpuwatch.simulated.physics import (
     PROFILES,
@@ -105,6 +106,7 @@ class GpuState:
     pcie_tx_bytes: int  # cumulative since the driver loaded
     pcie_rx_bytes: int
     nvlink_up: tuple[bool, ...]  # one per link; empty without NVLink
+    activity: ActivityTotals  # SM / tensor / pipe / DRAM activity and NVLink/XGMI bytes since boot (activity.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +323,7 @@ class SimulatedNode:
             pcie_tx_bytes=3_343_922_664 + int(acc.pcie_tx_bytes),
             pcie_rx_bytes=584_259_464 + int(acc.pcie_rx_bytes),
             nvlink_up=nvlink_up,
+            activity=totals(plan, jitter, t, links),
         )
 
     def _integrate(self, index: int, t: float) -> _Integral:
