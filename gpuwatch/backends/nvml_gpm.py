@@ -134,12 +134,12 @@ class NvmlGpmTier(NvmlSlowTier):
             self._free_gpm(gpu)
         state = states[gpu.nvml_index] = _GpmState(self._driver)
         if not hasattr(self._lib, "nvmlGpmQueryDeviceSupport"):
-            state.reason = "this nvidia-ml-py has no GPM functions: install nvidia-ml-py 11.525 or newer"
+            state.reason = "this nvidia-ml-py has no GPM functions (NVML 11.8 added them): pip install -U nvidia-ml-py"
             return state
         try:
             support = self._invoke(gpu, "nvmlGpmQueryDeviceSupport", (), {})
         except Unavailable as exc:
-            state.reason = f"nvmlGpmQueryDeviceSupport: {exc} (GPM needs driver R520 or newer)"
+            state.reason = f"nvmlGpmQueryDeviceSupport: {exc} (GPM needs a driver of NVML 11.8, R520, or newer)"
             return state
         if not support.isSupportedDevice:
             state.reason = (
