@@ -223,3 +223,17 @@ def test_amd_xgmi_bytes_and_no_sm_activity(release: str) -> None:
     assert grown == pytest.approx(2.0 * 18e9, rel=0.06)  # ~18 GB/s per link while training, within the wobble
     assert second.sm_active_ratio is None and second.utilization_ratio == 1.0
     assert able == 0 and [index for index, _ in missing] == [0, 1]
+
+
+@pytest.mark.parametrize("code", [3, 4])
+def test_a_gpu_that_refuses_samples_is_not_asked_again(code: int) -> None:
+    """nvmlGpmSampleGet answering NotSupported (3) or NoPermission (4: the driver keeps performance counters to
+    administrators) stops the sampling of that GPU: its buffers freed, no series, and `check` names the cause."""
+    with nvml("installed", "training", gpus=2) as (backend, driver, node, clock):
+        node.faults.fail("nvmlGpmSampleGet", code=code, gpu=1)
+        samples = polls(backend, clock, 3)
+        able, missing = backend.activity_support()
+        assert len(driver._gpm_samples) == 2  # GPU 0's pair only
+    assert samples[0].sm_active_ratio is not None and samples[1].sm_active_ratio is None
+    assert able == 1 and [index for index, _ in missing] == [1]
+    assert ("NVreg_RestrictProfilingToAdminUsers" in missing[0][1]) == (code == 4)

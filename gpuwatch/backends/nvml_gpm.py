@@ -57,6 +57,12 @@ _CYCLES: dict[int, str] = {
 }
 _PCIE_BYTES = {"tx": 255, "rx": 256}
 _NVLINK_L0_BYTES = {"rx": 261, "tx": 262}  # link n: + 2n
+# nvmlGpmSampleGet answers that stop the agent asking until the driver changes: what each means for the operator.
+_GIVE_UP: dict[int | None, str] = {
+    3: "this GPU or its mode (vGPU, MIG) has no GPM sampling",  # NVML_ERROR_NOT_SUPPORTED
+    4: "the driver keeps performance counters to administrators (NVreg_RestrictProfilingToAdminUsers=1): run the "
+    "agent as root, or load nvidia with NVreg_RestrictProfilingToAdminUsers=0",  # NVML_ERROR_NO_PERMISSION
+}
 _NVLINK_GPM_LINKS = 18  # NVML_GPM_METRIC_NVLINK_L0..L17_*_PER_SEC
 
 
@@ -109,8 +115,10 @@ class NvmlGpmTier(NvmlSlowTier):
         try:
             self._invoke(gpu, "nvmlGpmSampleGet", (current,), {})
         except Unavailable as exc:
-            state.reason = f"nvmlGpmSampleGet: {exc}"
-            return
+            if exc.code in _GIVE_UP:  # asked again after a driver change or when the GPU is read afresh
+                self._free_gpm(gpu)
+                self._gpm_states()[gpu.nvml_index] = _GpmState(self._driver, reason=f"{exc}: {_GIVE_UP[exc.code]}")
+            return  # anything else: the next poll tries again, measuring from the last sample taken
         if state.previous_at is not None and now > state.previous_at:
             self._gpm_metrics(gpu, state, previous, current, now - state.previous_at, sample)
             state.samples = [current, previous]
