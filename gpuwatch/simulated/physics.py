@@ -256,7 +256,7 @@ def rates(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> Ra
             temp = end - (end - idle_temp) * math.exp(-t / 12.0)
             mem_temp = temp + profile.busy_memory_temp_offset
             power = profile.idle_power_watts + 0.25 * (limit - profile.idle_power_watts)
-            sm = float(profile.clock_max_mhz["sm"])
+            sm = float(profile.clock_max_mhz["sm"] - 30)  # boost clock, its jitter kept under the maximum
             reasons = set()
     else:
         temp = idle_temp
