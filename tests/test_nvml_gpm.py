@@ -138,3 +138,14 @@ def test_the_version_is_checked(release: Path) -> None:
     request.version, request.numMetrics, request.sample1, request.sample2 = 2, 1, first, second
     with pytest.raises(lib.NVMLError_ArgumentVersionMismatch):
         lib.nvmlGpmMetricsGet(request)
+
+
+def test_mig_samples_need_a_gpu_instance(release: Path) -> None:
+    """nvmlGpmMigSampleGet(device, gpuInstanceId, sample) samples one MIG GPU instance; with MIG disabled (the
+    simulated H100s, as the fixture's: tests/fixtures/h100/nvidia-smi-q.txt:18-19, MIG Mode Current Disabled) there
+    is none of any id to sample: the library answers InvalidArgument (nvml.h names no code for it; unverified)."""
+    lib = simulated_pynvml(SimulatedNode("busy", gpus=1), binding=release)
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(lib.NVMLError_InvalidArgument):
+        lib.nvmlGpmMigSampleGet(handle, 0, lib.nvmlGpmSampleAlloc())
