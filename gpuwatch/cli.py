@@ -57,6 +57,9 @@ SCENARIO_SUMMARIES = {
     "row_remap_failure": "GPU 2: a row remap failed, one pending",
     "gpu_lost": "GPU 2 stops answering at 6 s",
     "backend_down": "the vendor library is missing (no driver)",
+    "training": "every GPU trains: tensor pipes active ~0.8",
+    "dataloader_starved": "GPU 2 at 100 % utilization with SM active ~0.13 (starved of input)",
+    "idle_allocated": "GPU 2: a process holds 72 GiB, nothing runs",
 }
 PROBE_SCENARIO_INTERVAL_SECONDS = 10.0  # scenarios that show their fault in the probe probe this often under `run`
 

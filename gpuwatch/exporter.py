@@ -198,6 +198,26 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     each("gpuwatch_gpu_pcie_errors_total", s.pcie_errors_total)
     each("gpuwatch_gpu_nvlink_up", s.nvlink_up)
     each_pair("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)
+    _activity(gpu, s, out)
+
+
+def _activity(gpu: tuple[str, str], s: GpuSample, out: _Families) -> None:
+    """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
+    out.add("gpuwatch_gpu_sm_active_ratio", gpu, s.sm_active_ratio)
+    out.add("gpuwatch_gpu_sm_occupancy_ratio", gpu, s.sm_occupancy_ratio)
+    out.add("gpuwatch_gpu_tensor_active_ratio", gpu, s.tensor_active_ratio)
+    out.add("gpuwatch_gpu_dram_active_ratio", gpu, s.dram_active_ratio)
+    for pipe, ratio in sorted(s.pipe_active_ratio.items()):
+        out.add("gpuwatch_gpu_pipe_active_ratio", (*gpu, pipe), ratio)
+    out.add("gpuwatch_gpu_sm_active_seconds_total", gpu, s.active_seconds_total.get("sm"))
+    out.add("gpuwatch_gpu_tensor_active_seconds_total", gpu, s.active_seconds_total.get("tensor"))
+    out.add("gpuwatch_gpu_sm_cycles_total", gpu, s.sm_cycles_total)
+    for pipe, cycles in sorted(s.active_cycles_total.items()):
+        out.add("gpuwatch_gpu_active_cycles_total", (*gpu, pipe), cycles)
+    for direction, total in sorted(s.pcie_bytes_total.items()):
+        out.add("gpuwatch_gpu_pcie_bytes_total", (*gpu, direction), total)
+    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
+        out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
 
 
 class _Out(Protocol):

@@ -167,30 +167,53 @@ def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
         f"make {smi} work for this user: install or reload the {label} driver; the agent retries the library every "
         f"{MAX_BACKOFF_SECONDS:g} s and never exits for it"
     )
-    lines = [_check_backend(slot, fix) for slot in slots]
+    lines = [line for slot in slots for line in _check_backend(slot, fix)]
     if name == "nvml" and config.agent.backend != "simulated":
         lines.extend(_check_device(device) for device in sorted(Path("/dev").glob("nvidia*")))
     return lines
 
 
-def _check_backend(slot: BackendSlot, fix: str) -> CheckLine:
+def _check_backend(slot: BackendSlot, fix: str) -> list[CheckLine]:
+    """The backend's line, and the real-utilization lines under it."""
     what = f"backend {slot.name}"
     try:
         backend = slot.factory()
         backend.open()
     except BackendUnavailable as exc:
-        return CheckLine("FAIL", what, str(exc), fix)
+        return [CheckLine("FAIL", what, str(exc), fix)]
     try:
         gpus = len(backend.poll(slow=False))
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
         mismatch = backend.version_problem()  # AMD: package vs host ROCm
+        activity = _activity_lines(backend, gpus, f"real utilization ({slot.name})")
     except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
-        return CheckLine("FAIL", what, f"opened, then failed: {exc}", fix)
+        return [CheckLine("FAIL", what, f"opened, then failed: {exc}", fix)]
     finally:
         backend.close()
     if mismatch:
-        return CheckLine("FAIL", what, f"{gpus} GPU(s); {versions}; {mismatch}", fix)
-    return CheckLine("ok", what, f"{gpus} GPU(s); {versions}")
+        return [CheckLine("FAIL", what, f"{gpus} GPU(s); {versions}; {mismatch}", fix), *activity]
+    return [CheckLine("ok", what, f"{gpus} GPU(s); {versions}"), *activity]
+
+
+_NO_ACTIVITY_FIX = (
+    "nothing to fix on such a GPU: it exports gpuwatch_gpu_utilization_ratio only (docs/reading-the-metrics.md, "
+    "Real utilization); an old nvidia-ml-py: pip install -U nvidia-ml-py"
+)
+
+
+def _activity_lines(backend: Backend, gpus: int, what: str) -> list[CheckLine]:
+    """ok with how many GPUs have SM/tensor/DRAM activity, a warn line for the GPUs without it and why."""
+    if not gpus:
+        return []
+    able, missing = backend.activity_support()
+    lines = [CheckLine("ok", what, f"SM, tensor and DRAM activity on {able} of {gpus} GPU(s)")] if able else []
+    by_reason: dict[str, list[str]] = {}
+    for index, reason in missing:
+        by_reason.setdefault(reason, []).append(str(index))
+    return lines + [
+        CheckLine("warn", what, f"GPU {', '.join(indices)}: {reason}", _NO_ACTIVITY_FIX)
+        for reason, indices in by_reason.items()
+    ]
 
 
 def _check_device(device: Path) -> CheckLine:

@@ -114,6 +114,79 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     _m("gpuwatch_gpu_ecc_enabled", "gauge", GPU, "Current ECC mode."),
     _m("gpuwatch_gpu_persistence_mode_enabled", "gauge", GPU, "NVIDIA persistence mode."),
+    # Real utilization (docs/reading-the-metrics.md): what the silicon did, where utilization_ratio says only that a
+    # kernel ran. NVIDIA: NVML GPM (Hopper and newer); absent, never 0, on GPUs that cannot measure it.
+    _m(
+        "gpuwatch_gpu_sm_active_ratio",
+        "gauge",
+        GPU,
+        "Share 0-1 of SM time with at least one warp resident, averaged over all SMs, over the last poll interval "
+        "(NVML GPM SM_UTIL).",
+    ),
+    _m(
+        "gpuwatch_gpu_sm_occupancy_ratio",
+        "gauge",
+        GPU,
+        "Resident warps as a share 0-1 of the SMs' maximum, over the last poll interval (NVML GPM SM_OCCUPANCY).",
+    ),
+    _m(
+        "gpuwatch_gpu_tensor_active_ratio",
+        "gauge",
+        GPU,
+        "Share 0-1 of time any tensor pipe was active, over the last poll interval (NVML GPM ANY_TENSOR_UTIL).",
+    ),
+    _m(
+        "gpuwatch_gpu_dram_active_ratio",
+        "gauge",
+        GPU,
+        "DRAM bandwidth used as a share 0-1 of its peak, over the last poll interval (NVML GPM DRAM_BW_UTIL).",
+    ),
+    _m(
+        "gpuwatch_gpu_pipe_active_ratio",
+        "gauge",
+        (*GPU, "pipe"),
+        "Share 0-1 of time each SM pipe was active over the last poll interval: hmma, dmma, imma, dfma (tensor), "
+        "fp64, fp32, fp16 (non-tensor), integer.",
+    ),
+    _m(
+        "gpuwatch_gpu_sm_active_seconds_total",
+        "counter",
+        GPU,
+        "SM-active time: each poll interval times its SM active share, summed; rate() is the SM active share over "
+        "any window.",
+    ),
+    _m(
+        "gpuwatch_gpu_tensor_active_seconds_total",
+        "counter",
+        GPU,
+        "Tensor-active time: each poll interval times its any-tensor share, summed; rate() is the tensor share.",
+    ),
+    _m(
+        "gpuwatch_gpu_sm_cycles_total",
+        "counter",
+        GPU,
+        "SM cycles elapsed since the GPU booted, the device's own counter (NVML 13.2+ GPM SM_CYCLES_ELAPSED).",
+    ),
+    _m(
+        "gpuwatch_gpu_active_cycles_total",
+        "counter",
+        (*GPU, "pipe"),
+        "Active SM cycles since boot by pipe (sm, tensor, hmma, dmma, imma, dfma, fp64, fp32, fp16, integer), the "
+        "device's own counters (NVML 13.2+); rate() over rate(gpuwatch_gpu_sm_cycles_total) is the exact share.",
+    ),
+    _m(
+        "gpuwatch_gpu_pcie_bytes_total",
+        "counter",
+        (*GPU, "direction"),
+        "PCIe traffic: rx into the GPU, tx out of it (the device's counter since boot where it has one, else its "
+        "per-interval rate summed).",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlink_bytes_total",
+        "counter",
+        (*GPU, "link", "direction"),
+        "NVLink/XGMI traffic per link: rx read by this GPU, tx written by it.",
+    ),
     # Errors and memory health
     _m("gpuwatch_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Lifetime ECC errors (aggregate)."),
     _m("gpuwatch_gpu_remapped_rows_total", "counter", (*GPU, "cause"), "Remapped memory rows."),

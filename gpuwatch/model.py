@@ -100,6 +100,18 @@ class GpuSample:
     pcie_errors_total: dict[str, int] = field(default_factory=dict)  # fatal, non_fatal, correctable
     nvlink_up: dict[str, bool] = field(default_factory=dict)  # link -> up
     nvlink_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (link, type)
+    # Real utilization (NVIDIA GPM on Hopper and newer; AMD activity): shares 0-1 over the last poll interval, absent
+    # where the device cannot measure them (docs/reading-the-metrics.md, "Real utilization").
+    sm_active_ratio: float | None = None  # SMs busy (at least one warp resident), averaged over SMs and time
+    sm_occupancy_ratio: float | None = None  # resident warps / the SMs' maximum
+    tensor_active_ratio: float | None = None  # any tensor pipe
+    dram_active_ratio: float | None = None  # DRAM bandwidth used / peak
+    pipe_active_ratio: dict[str, float] = field(default_factory=dict)  # hmma, dmma, imma, dfma, fp64, fp32, fp16, …
+    active_seconds_total: dict[str, float] = field(default_factory=dict)  # sm, tensor: share x interval, summed
+    sm_cycles_total: float | None = None  # SM cycles elapsed since boot (NVML 13.2+ GPM counters)
+    active_cycles_total: dict[str, float] = field(default_factory=dict)  # pipe -> active cycles since boot
+    pcie_bytes_total: dict[str, float] = field(default_factory=dict)  # rx, tx
+    nvlink_bytes_total: dict[tuple[str, str], float] = field(default_factory=dict)  # (link, rx|tx)
     # The token the vendor's compute runtime selects this GPU by, where it is not the UUID (AMD: ROCR_VISIBLE_DEVICES
     # takes GPU-<unique id> or an index); None: the UUID. Not exported; the probe pins its worker with it.
     runtime_device: str | None = None

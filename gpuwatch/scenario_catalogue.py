@@ -77,6 +77,21 @@ SCENARIOS: dict[str, ScenarioInfo] = {
         ),
         _single("xid", "XID 13 (an application error, harmless) at 2 s, then XID 79 (fallen off the bus) at 5 s"),
         _single("ecc_uncorrectable", "uncorrectable ECC errors from the start, one more every 5 s"),
+        ScenarioInfo(
+            "training",
+            "every GPU trains a model: utilization 100 %, SM active ~0.94, tensor pipes (HMMA) active ~0.8, "
+            "at its power cap",
+            None,
+            True,
+        ),
+        ScenarioInfo(
+            "dataloader_starved",
+            "the others train; GPU 2 waits on its input pipeline: utilization 100 % (a kernel always in flight) "
+            "but SM active ~0.13 and tensor ~0.05, far below its power cap",
+            FAULT_GPU,
+            gpu_faults={FAULT_GPU: "utilization 100 % while SM active is ~0.13: starved of input"},
+        ),
+        _single("idle_allocated", "a process holds 72 GiB of GPU memory and runs nothing: SM active 0, utilization 0"),
         _single("row_remap_failure", "a row remap failed, one pending, from the start; driver asks for a GPU reset"),
         _single("gpu_lost", "the GPU stops answering (GPU is lost) at 6 s; it stays on the PCI bus"),
         ScenarioInfo("backend_down", "the vendor library is missing: init fails (NVML LibraryNotFound)", None, True),

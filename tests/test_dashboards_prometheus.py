@@ -24,11 +24,14 @@ from ports import free_port, free_port_range
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3
-# node-000 is the demo node (GPU 2 hot, GPU 5 power-capped, GPU 6 slow); node-001 GPU 3 logs XIDs 13 and 79.
-FAULTS = ["0=mixed", "1/3=xid"]
+# node-000 is the demo node (GPU 2 hot, GPU 5 power-capped, GPU 6 slow); node-001 GPU 3 logs XIDs 13 and 79;
+# node-002 GPU 4 is busy but starved of input (utilization 100 %, SM active ~13 %: the real-utilization panels).
+FAULTS = ["0=mixed", "1/3=xid", "2/4=dataloader_starved"]
 
 # Every panel must answer on the simulated fleet; a query listed here may stay empty, with the reason why.
-ALLOWED_EMPTY: dict[tuple[str, str, str], str] = {}
+ALLOWED_EMPTY: dict[tuple[str, str, str], str] = {
+    ("gpuwatch-node.json", "NVLink / XGMI traffic", "A"): "simulate-fleet's NVIDIA nodes have no NVLink",
+}
 DEADLINE_SECONDS = 240  # rates need two scrapes; the XID alert fires at its first evaluation after the event
 
 
@@ -210,3 +213,20 @@ def test_every_query_of_a_table_returns_the_same_labels(prometheus_url: str) -> 
             time.sleep(2)
         every = {names for sets in labels.values() for names in sets}
         assert len(every) == 1, f"{board_name} / {title}: the queries return different labels: {labels}"
+
+
+def test_real_utilization_finds_the_starved_gpu(prometheus_url: str) -> None:
+    """Every GPU of the fleet that runs a kernel reads utilization 100 %; the "Busy but barely working" panels single
+    out node-002's GPU 4, starved of input (SM active ~13 %), and no other (issue 17's data-loader-starved case)."""
+    by_title = {q.panel: q for q in queries() if q.dashboard == "gpuwatch-fleet.json"}
+    deadline = time.monotonic() + 90
+    starved: set[tuple[str, str]] = set()
+    while time.monotonic() < deadline and not starved:
+        rows = _query(prometheus_url, substitute(by_title["Busy but barely working (top $topn)"].expr))
+        starved = {(r["metric"]["node"], r["metric"]["gpu"]) for r in rows}
+        time.sleep(0 if starved else 1)
+    assert starved == {("node-002", "4")}
+    count = _query(prometheus_url, substitute(by_title["Busy but barely working"].expr))
+    assert [float(r["value"][1]) for r in count] == [1.0]
+    utilization = _query(prometheus_url, 'gpuwatch_gpu_utilization_ratio{node="node-002", gpu="4"}')
+    assert float(utilization[0]["value"][1]) == 1.0

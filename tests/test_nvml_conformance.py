@@ -19,7 +19,7 @@ from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.simulated import nvml_constants
 from gpuwatch.simulated.bindings import load_module_copy, simulated_pynvml
 from gpuwatch.simulated.libnvml import ERROR_STRINGS, PROTOTYPES
-from gpuwatch.simulated.nvml_structs import BINDING_NAMES
+from gpuwatch.simulated.nvml_structs import BINDING_NAMES, nvmlGpmMetric_t, nvmlGpmMetricsGetHeader_t
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 
@@ -48,6 +48,36 @@ def test_structs_are_laid_out_as_the_bindings_structs(release: Path) -> None:
         assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), name
         for field_name, *_ in theirs._fields_:
             assert getattr(ours, field_name).offset == getattr(theirs, field_name).offset, (name, field_name)
+
+
+def test_gpm_metrics_get_is_laid_out_as_the_bindings(release: Path) -> None:
+    """nvmlGpmMetricsGet_t ends in ``metrics[NVML_GPM_METRIC_MAX]`` and each release has its own MAX (nvml.h:
+    98 in 12.570, 477 in 13.615): the header's fields sit where the binding's do, the array starts right after it,
+    and the binding's size is header + its MAX metrics, so the library, reading ``numMetrics`` entries, fits both."""
+    module = load_module_copy(release, "gpm_layout")
+    theirs = module.c_nvmlGpmMetricsGet_t
+    for field_name, *_ in nvmlGpmMetricsGetHeader_t._fields_:
+        assert getattr(nvmlGpmMetricsGetHeader_t, field_name).offset == getattr(theirs, field_name).offset
+    assert theirs.metrics.offset == ctypes.sizeof(nvmlGpmMetricsGetHeader_t)
+    expected = ctypes.sizeof(nvmlGpmMetricsGetHeader_t) + module.NVML_GPM_METRIC_MAX * ctypes.sizeof(nvmlGpmMetric_t)
+    assert ctypes.sizeof(theirs) == expected
+    assert ctypes.sizeof(module.c_nvmlGpmSample_t) == ctypes.sizeof(ctypes.c_void_p)  # an opaque pointer
+
+
+def test_gpm_prototypes_take_the_arguments_pynvml_passes() -> None:
+    """nvml.h: nvmlGpmSampleGet(device, sample), nvmlGpmMigSampleGet(device, unsigned gpuInstanceId, sample),
+    nvmlGpmQueryDeviceSupport(device, nvmlGpmSupport_t *), nvmlGpmSampleAlloc(nvmlGpmSample_t *),
+    nvmlGpmSampleFree(sample), nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *) (go-nvml gen/nvml/nvml.h, 13.3.29)."""
+    pointer, uint = ctypes.c_void_p, ctypes.c_uint
+    expected = {
+        "nvmlGpmSampleGet": (pointer, pointer),
+        "nvmlGpmMigSampleGet": (pointer, uint, pointer),
+        "nvmlGpmQueryDeviceSupport": (pointer, pointer),
+        "nvmlGpmSampleAlloc": (pointer,),
+        "nvmlGpmSampleFree": (pointer,),
+        "nvmlGpmMetricsGet": (pointer,),
+    }
+    assert {name: PROTOTYPES[name][0] for name in expected} == expected
 
 
 def test_constants_have_the_header_values() -> None:

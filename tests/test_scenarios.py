@@ -58,6 +58,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "healthy", "mixed", "busy", "overheating", "memory_overheating", "thermal_throttling", "power_brake",
         "power_limit_low", "psu_undervoltage", "underperforming", "pcie_degraded", "xid", "ecc_uncorrectable",
         "row_remap_failure", "gpu_lost", "backend_down",
+        "training", "dataloader_starved", "idle_allocated",  # issue 17: real utilization
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 

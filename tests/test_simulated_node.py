@@ -72,7 +72,7 @@ def test_scenario_names_are_those_of_the_cli_spec(spec_names: dict[str, Any]) ->
 
 def test_scenario_info_says_which_gpu_faults() -> None:
     node_wide = {n for n, s in SCENARIOS.items() if s.node_wide}
-    assert node_wide == {"busy", "psu_undervoltage", "backend_down"}
+    assert node_wide == {"busy", "psu_undervoltage", "backend_down", "training"}
     for name, info in SCENARIOS.items():
         assert info.name == name and info.description
         if name in ("healthy", "mixed") or info.node_wide:

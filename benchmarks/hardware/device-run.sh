@@ -52,10 +52,12 @@ run() {
 GPUWATCH_FLAGS=(--backend nvml)
 SMI_FLAGS=()
 STUDY_FLAGS=()
+GPM_FLAGS=()
 if [ "${DRY_RUN:-0}" = 1 ]; then
   GPUWATCH_FLAGS=(--backend simulated --gpus 1)
   SMI_FLAGS=(--backend simulated --match-index -- --gpus 1)
   STUDY_FLAGS=(--dry-run)
+  GPM_FLAGS=(--dry-run)
   fake=$(mktemp -d)
   fixture=$PWD/tests/fixtures/h100/nvidia-smi-q.txt
   cat >"$fake/nvidia-smi" <<FAKE
@@ -139,7 +141,7 @@ PYEOF
 if [ "$part" = probe ]; then
   say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
   rm -rf "$STATE"
-  # Typical: 20 + 5 + 300 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table
+  # Typical: 20 + 5 + 300 + 40 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table
   # goes into the summary as soon as its step ends, so whatever finished comes back.
   step "environment"
   environment >>"$LOG" 2>&1
@@ -151,6 +153,9 @@ if [ "$part" = probe ]; then
   run "probe study" 390 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$OUT/probe_study.json" \
     --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}"
   cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
+  run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$OUT/gpm_check.json" \
+    --markdown "$SCRATCH/gpm.md" "${GPM_FLAGS[@]}"
+  cat "$SCRATCH/gpm.md" >>"$SUMMARY" 2>/dev/null
   step "agent scraped by curl"
   started=$SECONDS
   agent_scraped >>"$LOG" 2>&1

@@ -51,6 +51,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, NoReturn
 
+from gpuwatch.backends.amdsmi_activity import NO_SM_ACTIVITY, read_xgmi_traffic
 from gpuwatch.backends.amdsmi_tables import (
     _LIBRARY_PROBLEMS,
     _NO_DATA,
@@ -364,6 +365,10 @@ class AmdSmiBackend(TieredBackend[_Gpu]):
         if not gpu.residency.from_metrics:
             self._read_violation_status(gpu, now)
 
+    def activity_support(self) -> tuple[int, list[tuple[int, str]]]:
+        """No AMD GPU has SM/tensor/DRAM activity (amdsmi_activity.py says why)."""
+        return 0, [(gpu.identity.index, NO_SM_ACTIVITY) for gpu in self._gpus]
+
     def _rocr_device(self, gpu: _Gpu) -> str | None:
         """What ROCR_VISIBLE_DEVICES selects this GPU by: ``GPU-<unique id>`` in 16 hex digits, where the unique id is
         the GPU's own (ROCR-Runtime amd_filter_device.cpp: a token matching two devices selects none, a unique id of
@@ -475,6 +480,7 @@ class AmdSmiBackend(TieredBackend[_Gpu]):
         residency = gpu.residency
         if residency.from_metrics:
             metrics = self._dict(gpu, "amdsmi_get_gpu_metrics_info")
+            read_xgmi_traffic(metrics, sample)  # amdsmi_activity.py
             counters = {key: int(v) for key, _, _ in _RESIDENCY if (v := _number(metrics.get(key))) is not None}
             accumulation = _number(metrics.get("accumulation_counter"))
             if counters and accumulation is not None:

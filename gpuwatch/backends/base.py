@@ -51,6 +51,11 @@ class Backend(Protocol):
         """GPUs whose reset counters exist from start-up at 0 (AMD reports resets; NVML has none)."""
         ...
 
+    def activity_support(self) -> tuple[int, list[tuple[int, str]]]:
+        """Real utilization (SM/tensor/DRAM activity): how many GPUs have it, and (gpu, why not) for each GPU
+        without it, for ``check`` (its series are absent there, never 0)."""
+        ...
+
     def version_problem(self) -> str | None:
         """A library/host version mismatch worth a FAIL line in ``check`` (AMD: package vs ROCm), else None."""
         ...

@@ -23,7 +23,8 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.backends.nvml_slow import NvmlSlowTier, _Gpu
+from gpuwatch.backends.nvml_gpm import NvmlGpmTier
+from gpuwatch.backends.nvml_slow import _Gpu
 from gpuwatch.backends.nvml_tables import (
     _CLOCKS,
     _CORRUPTED_INFOROM,
@@ -59,7 +60,7 @@ def load_pynvml() -> Any:
         raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch[nvidia]'") from exc
 
 
-class NvmlBackend(NvmlSlowTier):
+class NvmlBackend(NvmlGpmTier):
     """NVIDIA GPUs through NVML; see the module docstring for the tiers and the choke point."""
 
     name: str = "nvml"
@@ -154,7 +155,9 @@ class NvmlBackend(NvmlSlowTier):
             raise
 
     def close(self) -> None:
-        """Free the event set and shut NVML down; safe when not open."""
+        """Free the event set and the GPM samples and shut NVML down; safe when not open."""
+        if self._open:
+            self._close_gpm()
         with self._events_lock:
             if self._event_set is not None:
                 self._quietly("nvmlEventSetFree", self._event_set)
@@ -361,6 +364,11 @@ class NvmlBackend(NvmlSlowTier):
         self._read_clocks(gpu, sample)
         self._read_throttle(gpu, sample, fields)
         self._read_usage(gpu, sample)
+        self._read_gpm(gpu, sample)  # nvml_gpm.py: real utilization
+
+    def _forget(self, gpu: _Gpu) -> None:
+        """A GPU that stopped answering: free its GPM samples; it starts afresh when it answers again."""
+        self._free_gpm(gpu)
 
     def _read_thermal_power(self, gpu: _Gpu, sample: GpuSample, fields: dict[int, float | None]) -> None:
         lib = self._lib

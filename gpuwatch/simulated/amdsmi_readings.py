@@ -275,6 +275,10 @@ def gpu_metrics(struct: Any, spec: GpuSpec, state: GpuState, proc: Processor) ->
     })  # fmt: skip
     if spec.nvlink_links:
         put(struct, {"xgmi_link_width": 16, "xgmi_link_speed": 32})
+        # "XGMI accumulated data transfer size (KiloBytes)" per link (amdsmi.h, amdsmi_gpu_metrics_t v1.4 on)
+        for link in range(min(spec.nvlink_links, len(struct.xgmi_read_data_acc))):
+            struct.xgmi_read_data_acc[link] = int(state.activity.nvlink_rx_bytes[link] // 1024)
+            struct.xgmi_write_data_acc[link] = int(state.activity.nvlink_tx_bytes[link] // 1024)
 
 
 def violation_status(struct: Any, state: GpuState) -> None:

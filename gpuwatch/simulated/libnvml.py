@@ -25,7 +25,9 @@ from ctypes import POINTER, c_int, c_int32, c_uint, c_ulonglong, c_void_p, cast
 from typing import Any, TypeVar
 
 from gpuwatch.simulated import nvml_constants as c
+from gpuwatch.simulated.nvml_errors import NvmlFailure
 from gpuwatch.simulated.nvml_fields import HwCounterQuirk, field_numbering, fill_field_values
+from gpuwatch.simulated.nvml_gpm import GPM_PROTOTYPES, GpmFunctions
 from gpuwatch.simulated.nvml_structs import (
     nvmlEccSramErrorStatus_v1_t,
     nvmlEventData_t,
@@ -157,14 +159,6 @@ def _export(*argtypes: Any, names: tuple[str, ...] = ()) -> Callable[[_Impl], _I
     return register
 
 
-class NvmlFailure(Exception):
-    """Inside the library: return this nvmlReturn_t from the C function."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
 class _EventSet:
     """What an nvmlEventSet_t points at: which GPUs registered for which event types, what was delivered."""
 
@@ -184,7 +178,8 @@ class SimulatedLibNvml:
     `missing_symbols` are C functions this library lacks (an older driver): looking one up fails as dlsym does,
     and pynvml raises FunctionNotFound. `supported_clocks_event_reasons` is the mask
     nvmlDeviceGetSupportedClocksEventReasons answers (default the H100 fixture's 511, without the newer
-    BoardLimit and Reliability bits).
+    BoardLimit and Reliability bits). `compute_capability` makes every GPU another architecture's (8.0: an A100,
+    before Hopper: no GPM).
     """
 
     def __init__(
@@ -196,9 +191,11 @@ class SimulatedLibNvml:
         driver_version: str | None = None,
         missing_symbols: Iterable[str] = (),
         supported_clocks_event_reasons: int = _SUPPORTED_REASONS,
+        compute_capability: tuple[int, int] | None = None,
     ) -> None:
         self.driver = _Driver(node, latency_scale, hw_counter_quirk, driver_version)
         self.driver.supported_reasons = supported_clocks_event_reasons
+        self.driver.compute_capability_override = compute_capability
         missing = frozenset(missing_symbols)
         self._functions: dict[str, Any] = {}
         for name, (argtypes, method) in _PROTOTYPES.items():
@@ -232,8 +229,9 @@ def _guarded(name: str, driver: _Driver, implementation: Callable[..., int | Non
     return call
 
 
-class _Driver:
-    """What the library's functions do: one method per C function (``@_export`` names it and its arguments)."""
+class _Driver(GpmFunctions):
+    """What the library's functions do: one method per C function (``@_export`` names it and its arguments;
+    the GPM functions are GpmFunctions', nvml_gpm.py)."""
 
     def __init__(
         self, node: SimulatedNode, latency_scale: float, hw_counter_quirk: HwCounterQuirk, driver_version: str | None
@@ -422,8 +420,9 @@ class _Driver:
     @_export(_P, _P, _P)
     def nvmlDeviceGetCudaComputeCapability(self, device: int, major: int, minor: int) -> None:
         spec = self._spec("nvmlDeviceGetCudaComputeCapability", device)
-        _write(major, c_int, spec.compute_capability[0])
-        _write(minor, c_int, spec.compute_capability[1])
+        capability = self.compute_capability_override or spec.compute_capability
+        _write(major, c_int, capability[0])
+        _write(minor, c_int, capability[1])
 
     @_export(_P, _P)
     def nvmlDeviceGetPersistenceMode(self, device: int, out: int) -> None:
@@ -948,4 +947,5 @@ def _parse_bus_id(bus_id: str) -> tuple[int, int, int, int] | None:
         return None
 
 
+_PROTOTYPES.update(GPM_PROTOTYPES)
 PROTOTYPES = _PROTOTYPES  # for the conformance test: every exported C name and its argument types

@@ -151,6 +151,37 @@ class nvmlEccSramErrorStatus_v1_t(Structure):
     ]
 
 
+class nvmlGpmMetricInfo_t(Structure):
+    """The anonymous ``metricInfo`` struct of nvmlGpmMetric_t: three ``char *`` the library points at its names."""
+
+    _fields_ = [("shortName", c_void_p), ("longName", c_void_p), ("unit", c_void_p)]
+
+
+class nvmlGpmMetric_t(Structure):
+    _fields_ = [
+        ("metricId", c_uint),
+        ("nvmlReturn", c_uint),
+        ("value", c_double),
+        ("metricInfo", nvmlGpmMetricInfo_t),
+    ]
+
+
+class nvmlGpmMetricsGetHeader_t(Structure):
+    """nvmlGpmMetricsGet_t up to its ``metrics[NVML_GPM_METRIC_MAX]`` array, whose length each nvml.h release
+    changes (98 in nvidia-ml-py 12.570, 477 in 13.615): the library reads only ``numMetrics`` entries after it."""
+
+    _fields_ = [
+        ("version", c_uint),
+        ("numMetrics", c_uint),
+        ("sample1", c_void_p),  # nvmlGpmSample_t: the address nvmlGpmSampleAlloc wrote
+        ("sample2", c_void_p),
+    ]
+
+
+class nvmlGpmSupport_t(Structure):
+    _fields_ = [("version", c_uint), ("isSupportedDevice", c_uint)]
+
+
 # Each struct and the name the binding gives its own copy of it (for the layout test).
 BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMemory_t: "c_nvmlMemory_t",
@@ -167,4 +198,7 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlRowRemapperHistogramValues_t: "c_nvmlRowRemapperHistogramValues",
     nvmlGpuFabricInfo_v2_t: "c_nvmlGpuFabricInfoV_t",
     nvmlEccSramErrorStatus_v1_t: "c_nvmlEccSramErrorStatus_v1_t",
+    nvmlGpmMetricInfo_t: "c_metricInfo_t",
+    nvmlGpmMetric_t: "c_nvmlGpmMetric_t",
+    nvmlGpmSupport_t: "c_nvmlGpmSupport_t",
 }

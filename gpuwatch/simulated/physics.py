@@ -142,6 +142,9 @@ class GpuPlan:
     lost_after_s: float | None = None
     events: tuple[tuple[float, int], ...] = ()  # (seconds after start, XID) on this GPU
     probe_slowdown: float = 0.0  # share of throughput a probe loses on this GPU (0.2 = 20 % slow)
+    # What the GPU's job does with it (activity.py): training, dataloader_starved (busy, few SMs working),
+    # idle_allocated (not busy, a process holds memory); None: by `busy`.
+    work: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +251,13 @@ def rates(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> Ra
         video = float(profile.clock_busy_mhz["video"])
         reasons = {"sw_power_cap"}
         gen, width = profile.pcie_max_generation, profile.pcie_max_width
+        if plan.work == "dataloader_starved":  # a kernel always in flight on few SMs: far below the power cap
+            end = idle_temp + 0.3 * (end - idle_temp)
+            temp = end - (end - idle_temp) * math.exp(-t / 12.0)
+            mem_temp = temp + profile.busy_memory_temp_offset
+            power = profile.idle_power_watts + 0.25 * (limit - profile.idle_power_watts)
+            sm = float(profile.clock_max_mhz["sm"] - 30)  # boost clock, its jitter kept under the maximum
+            reasons = set()
     else:
         temp = idle_temp
         mem_temp = temp + profile.idle_memory_temp_offset
