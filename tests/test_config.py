@@ -103,6 +103,6 @@ def test_example_config_is_valid_and_complete() -> None:
     text = example.read_text()
     from dataclasses import fields
 
-    for section in ("agent", "simulated", "gpus", "xid"):
+    for section in ("agent", "simulated", "gpus", "xid", "compat"):
         for f in fields(getattr(config, section)):
             assert f"{f.name} =" in text, f"{section}.{f.name} is not documented in {example.name}"
