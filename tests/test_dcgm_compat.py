@@ -303,3 +303,22 @@ def test_a_reload_keeps_the_running_compat_and_says_so(caplog: pytest.LogCapture
         kept = live_part(old, new)
     assert kept.compat == old.compat
     assert "[compat] changed: takes effect after a restart" in caplog.text
+
+
+def test_amd_gpus_get_the_fields_whose_meaning_holds(tmp_path: Path) -> None:
+    """The mapping reads gpuwatch's vendor-neutral families, so an AMD node (the real amdsmi package over the
+    simulated libamd_smi) gets the same fields in the same units, its device label `amd` + index."""
+    sim = SimAgent(tmp_path, scenario="busy", gpus=2, vendor="amd", probe={"interval_seconds": 0})
+    try:
+        sim.run(4.0)
+        series = dcgm_series(sim)
+        for index in range(2):
+            labels, temp = series[("DCGM_FI_DEV_GPU_TEMP", str(index))]
+            assert labels["device"] == f"amd{index}" and labels["modelName"] == "AMD Instinct MI300X"
+            assert temp == sim.value("gpuwatch_gpu_temperature_celsius", index, sensor="core")
+            clock = sim.value("gpuwatch_gpu_clock_hertz", index, clock="sm")
+            assert clock is not None and series[("DCGM_FI_DEV_SM_CLOCK", str(index))][1] == round(clock / 1e6)
+            used = sim.value("gpuwatch_gpu_memory_used_bytes", index)
+            assert used is not None and series[("DCGM_FI_DEV_FB_USED", str(index))][1] == int(used) >> MIB_SHIFT
+    finally:
+        sim.close()
