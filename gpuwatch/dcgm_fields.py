@@ -99,7 +99,7 @@ FIELDS: tuple[DcgmField, ...] = (
         _THRESHOLD,
         {"sensor": "core", "threshold": "shutdown"},
     ),
-    # Power (csv:14 W; csv:15 and h:656 mJ since the driver loaded; h:3739 limits in W)
+    # Power (csv:14 W; csv:15 and h:656 mJ since the driver loaded; h:3735-3739 limits in W)
     _f("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "gpuwatch_gpu_power_watts"),
     _f(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
