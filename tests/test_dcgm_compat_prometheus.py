@@ -26,7 +26,11 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port
+
+try:  # branch tests (0964c31) moves free_port from conftest to tests/ports.py; either way, one helper
+    from ports import free_port
+except ImportError:
+    from conftest import free_port
 
 from gpuwatch.dcgm_fields import FIELDS
 
