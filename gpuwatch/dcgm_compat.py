@@ -29,12 +29,12 @@ from prometheus_client.samples import Sample
 
 from gpuwatch.config import CompatSection
 from gpuwatch.dcgm_fields import CLOCK_EVENT_BITS, DERIVED, FIELDS, MIB, NAMES, DcgmField, DcgmType
+from gpuwatch.exporter import Extension
 from gpuwatch.thresholds import xid_meaning
 
-Extension = Callable[[list[Metric]], list[Metric]]
 GpuKey = tuple[str, str]  # (gpu, uuid), as on every gpuwatch_gpu_* sample
 
-__all__ = ["NAMES", "Extension", "dcgm_extension", "dcgm_families"]
+__all__ = ["NAMES", "dcgm_extension", "dcgm_families"]
 
 
 def dcgm_extension(
