@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuwatch.collector import CollectorContext, Collectors
 from gpuwatch.config import Config, ConfigError, parse_listen
+from gpuwatch.dcgm_compat import NAMES as DCGM_NAMES
+from gpuwatch.dcgm_compat import dcgm_extension
 from gpuwatch.events import EventCollector
 from gpuwatch.exporter import GpuwatchCollector
 from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
@@ -70,7 +72,8 @@ class Agent:
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuwatchCollector(self.store))
+        self._extension = dcgm_extension(config.compat)  # [compat] dcgm: dcgm-exporter's names too, or None
+        self.registry.register(GpuwatchCollector(self.store, self._extension))
         # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (collector.py).
         context = CollectorContext(
             lambda: self.config, sources, self.store, self.vendors.active(), clock, monotonic, self._stop
@@ -96,7 +99,9 @@ class Agent:
         claim_state_dir(self.config, self._state_lock)
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
-        metrics = cached_metrics_app(CachedExposition(self.store), make_wsgi_app(self.registry))  # bursts share renders
+        names = DCGM_NAMES if self._extension is not None else frozenset()
+        cache = CachedExposition(self.store, self._extension, names)
+        metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
         page = lambda: render_status_page(self.store.snapshot())  # noqa: E731
         app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
         app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78

@@ -146,6 +146,15 @@ class ProbeSection:
 
 
 @dataclass(frozen=True, slots=True)
+class CompatSection:
+    """Other exporters' names beside gpuwatch's own (docs/migrating-from-dcgm-exporter.md)."""
+
+    dcgm: bool = False  # also export dcgm-exporter's DCGM_FI_* names and labels
+    dcgm_hostname: str = ""  # the Hostname label; empty: $NODE_NAME, else the machine's name (as dcgm-exporter)
+    dcgm_hostname_label: str = "Hostname"  # dcgm-exporter's main after 4.5.3-4.8.2 says "hostname"; "" omits it
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     simulated: SimulatedSection = field(default_factory=SimulatedSection)
@@ -153,6 +162,7 @@ class Config:
     xid: XidSection = field(default_factory=XidSection)
     host: HostSection = field(default_factory=HostSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
+    compat: CompatSection = field(default_factory=CompatSection)
     source: str = "defaults"
 
     @property
@@ -172,6 +182,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "xid": XidSection,
     "host": HostSection,
     "probe": ProbeSection,
+    "compat": CompatSection,
 }
 
 
@@ -305,6 +316,30 @@ def _validate(config: Config, problems: _Problems) -> None:
     )
     _validate_probe(config.probe, check)
     _validate_host(config, check)
+    _validate_compat(config.compat, check)
+
+
+DCGM_HOSTNAME_LABELS = ("Hostname", "hostname", "")
+
+
+def _validate_compat(compat: CompatSection, check: Any) -> None:
+    check(
+        compat.dcgm_hostname_label in DCGM_HOSTNAME_LABELS,
+        "compat.dcgm_hostname_label",
+        f'must be "Hostname" (dcgm-exporter up to 4.5.3-4.8.2), "hostname" (its later releases) or "" (no '
+        f"host label, as dcgm-exporter --no-hostname), got {compat.dcgm_hostname_label!r}",
+    )
+    check(
+        len(compat.dcgm_hostname) <= 253 and compat.dcgm_hostname.isprintable(),
+        "compat.dcgm_hostname",
+        "must be a host name of at most 253 printable characters, or empty for $NODE_NAME, else the machine's name",
+    )
+    custom = compat.dcgm_hostname != "" or compat.dcgm_hostname_label != "Hostname"
+    check(
+        compat.dcgm or not custom,
+        "compat.dcgm",
+        "is false, so dcgm_hostname and dcgm_hostname_label have no effect: set dcgm = true, or remove them",
+    )
 
 
 def _validate_host(config: Config, check: Any) -> None:

@@ -6,7 +6,7 @@ Nothing here touches a vendor library or the disk, so a scrape costs microsecond
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,16 +41,22 @@ class _Families:
         return iter(self._families.values())
 
 
+# Families derived from gpuwatch's own (gpuwatch.dcgm_compat: dcgm-exporter's names), rendered after them.
+Extension = Callable[[list[Metric]], list[Metric]]
+
+
 class GpuwatchCollector(Collector):
-    def __init__(self, store: SampleStore) -> None:
+    def __init__(self, store: SampleStore, extension: Extension | None = None) -> None:
         self._store = store
+        self._extension = extension
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self._store.snapshot())
+        yield from families(self._store.snapshot(), self._extension)
 
 
-def families(snap: StoreSnapshot) -> Iterator[Metric]:
-    """Every family of one store snapshot; the exposition cache renders a given snapshot through this."""
+def families(snap: StoreSnapshot, extension: Extension | None = None) -> Iterator[Metric]:
+    """Every family of one store snapshot (and the `extension`'s of them); the exposition cache renders a given
+    snapshot through this."""
     out = _Families()
     out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
     _self_health(snap, out)
@@ -75,7 +81,10 @@ def families(snap: StoreSnapshot) -> Iterator[Metric]:
         export_probe(gpu, identity.uuid, snap.probe, out)
     export_interval(snap.probe, out)
     _host(snap, out)
-    yield from out
+    own = list(out)
+    yield from own
+    if extension is not None:
+        yield from extension(own)
 
 
 def _self_health(snap: StoreSnapshot, out: _Families) -> None:

@@ -21,7 +21,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
-from gpuwatch.exporter import families
+from gpuwatch.exporter import Extension, families
 from gpuwatch.exposition_fast import fast_format
 from gpuwatch.exposition_fast import render as render_fast
 from gpuwatch.metrics import CATALOGUE
@@ -49,8 +49,11 @@ def _key(snap: StoreSnapshot) -> tuple[StoreSnapshot, frozenset[str]]:
 class CachedExposition:
     """The current body per (format, gzip), rebuilt when a request's snapshot differs from the cached one."""
 
-    def __init__(self, store: SampleStore) -> None:
+    def __init__(
+        self, store: SampleStore, extension: Extension | None = None, extra_names: frozenset[str] = frozenset()
+    ) -> None:
         self._store = store
+        self._extension, self.extra_names = extension, extra_names  # [compat] families and their names
         self._lock = threading.Lock()
         self._key: tuple[StoreSnapshot, frozenset[str]] | None = None
         self._bodies: dict[tuple[str, bool], bytes] = {}
@@ -66,7 +69,7 @@ class CachedExposition:
                 self._key, self._bodies = key, {}
             body = self._bodies.get((content_type, compress))
             if body is None:
-                metrics = list(families(snap))
+                metrics = list(families(snap, self._extension))
                 try:
                     body = _encode(metrics, encoder)
                 except UnicodeEncodeError:  # a label with a surrogate escape (an undecodable name): never a 500
@@ -83,7 +86,9 @@ class CachedExposition:
         prometheus_client's own filter finds collectors by the names they describe, and this registry describes
         none (auto_describe off), so it would answer every filter with an empty body."""
         encoder, content_type = choose_encoder(accept or "")
-        metrics = [m for m in families(self._store.snapshot()) if m.name in names or _sample_names(m) & names]
+        metrics = [
+            m for m in families(self._store.snapshot(), self._extension) if m.name in names or _sample_names(m) & names
+        ]
         return content_type, encoder(_Rendered(metrics))
 
 
@@ -130,7 +135,7 @@ def cached_metrics_app(cache: CachedExposition, fallback: WsgiApp) -> WsgiApp:
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        if names is not None and not any(exported_name(name) for name in names):
+        if names is not None and not any(exported_name(name) or name in cache.extra_names for name in names):
             body = (
                 f"name[]: gpuwatch exports no metric named {', '.join(sorted(set(names)))[:500]}; GET /metrics "
                 "without name[] lists every metric\n"

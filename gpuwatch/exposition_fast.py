@@ -47,12 +47,13 @@ def render(families: Iterable[Any], fmt: str) -> bytes | None:
     out: list[str] = []
     for family in families:
         kind = family.type
-        if kind not in ("gauge", "counter") or family.unit:
+        if kind not in ("gauge", "counter", "unknown") or family.unit:  # unknown: gpuwatch.dcgm_compat's counters
             return None
         name = family.name
         if text:
             shown = name + "_total" if kind == "counter" else name
             help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            kind = "untyped" if kind == "unknown" else kind
         else:
             shown = name
             help_text = _escape(family.documentation)

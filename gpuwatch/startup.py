@@ -72,6 +72,9 @@ def live_part(old: Config, new: Config) -> Config:
         log.warning("[probe] changed: takes effect after a restart")
     if old.host != new.host:
         log.warning("[host] changed: takes effect after a restart")
+    if old.compat != new.compat:
+        log.warning("[compat] changed: takes effect after a restart")
+        new = dataclasses.replace(new, compat=old.compat)
     return new
 
 

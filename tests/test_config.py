@@ -140,7 +140,7 @@ def test_example_config_is_valid_and_complete() -> None:
     config = load_config(example)
     assert config.agent == load_config(None).agent
     text = example.read_text()
-    for section in ("agent", "simulated", "gpus", "xid"):
+    for section in ("agent", "simulated", "gpus", "xid", "compat"):
         for f in fields(getattr(config, section)):
             assert f"{f.name} =" in text, f"{section}.{f.name} is not documented in {example.name}"
 

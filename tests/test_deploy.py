@@ -203,8 +203,9 @@ def test_kubernetes_pieces_fit_together(tmp_path: Path) -> None:
     container = pod["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "resources" not in container or "nvidia.com/gpu" not in container["resources"].get("limits", {})
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}  # [compat] dcgm's Hostname label
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()  # type: ignore[index]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()  # type: ignore[index]
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]  # type: ignore[index]

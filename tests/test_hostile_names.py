@@ -46,7 +46,7 @@ def test_a_non_utf8_hwmon_directory_name_gives_encodable_labels(tmp_path: Path) 
 
 
 def test_one_unencodable_label_never_breaks_the_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
-    def families(_snap: object) -> list[GaugeMetricFamily]:
+    def families(_snap: object, _extension: object = None) -> list[GaugeMetricFamily]:
         family = GaugeMetricFamily("gpuwatch_host_temperature_celsius", "t", labels=["chip"])
         family.add_metric(["good"], 40.0)
         family.add_metric(["bad\udcff"], 41.0)
