@@ -139,6 +139,14 @@ class ProbeSection:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadsSection:
+    """Whose job runs on each GPU (gpuwatch/workloads/, docs/workloads.md)."""
+
+    max_per_gpu: int = 8  # workloads exported per GPU; the rest are summed into kind="other"
+    procfs_root: str = "/proc"  # a container without the host's PID namespace: a mount of the host's /proc
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     simulated: SimulatedSection = field(default_factory=SimulatedSection)
@@ -146,6 +154,7 @@ class Config:
     xid: XidSection = field(default_factory=XidSection)
     host: HostSection = field(default_factory=HostSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
+    workloads: WorkloadsSection = field(default_factory=WorkloadsSection)
     source: str = "defaults"
 
     @property
@@ -165,6 +174,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "xid": XidSection,
     "host": HostSection,
     "probe": ProbeSection,
+    "workloads": WorkloadsSection,
 }
 
 
@@ -293,6 +303,17 @@ def _validate(config: Config, problems: _Problems) -> None:
     )
     _validate_probe(config.probe, check)
     _validate_host(config, check)
+    workloads = config.workloads
+    check(
+        1 <= workloads.max_per_gpu <= 256,
+        "workloads.max_per_gpu",
+        f"must be between 1 and 256 (got {workloads.max_per_gpu}); each is a series per GPU, the rest are summed",
+    )
+    check(
+        workloads.procfs_root.startswith("/"),
+        "workloads.procfs_root",
+        f"must be an absolute path such as /proc or /host/proc, got {workloads.procfs_root!r}",
+    )
 
 
 def _validate_host(config: Config, check: Any) -> None:

@@ -21,6 +21,7 @@ from gpuwatch.host.collectors import HostSource, build_host_sources
 from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import Vendor
 from gpuwatch.pci import count_pci_gpus
+from gpuwatch.workloads.procfs import Procfs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class NodeSources:
     kernel_log: KernelLogXidReader | None
     host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
     probe_slowdown: dict[int, float] | None = None  # simulated node: the probe runs a simulated worker
+    procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root
 
 
 def build_node_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:
