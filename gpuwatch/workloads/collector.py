@@ -76,7 +76,7 @@ class WorkloadsCollector:
     def __init__(self, context: CollectorContext) -> None:
         self._context = context
         self._host_pids: bool | None = None
-        self._hidepid: str | None | bool = False  # False: not looked up yet
+        self._hidepid: str | bool | None = False  # False: not looked up yet
         self._said: set[str] = set()
 
     @property
@@ -137,4 +137,3 @@ class WorkloadsCollector:
 
 def collectors(context: CollectorContext, name: str) -> list[WorkloadsCollector]:
     return [WorkloadsCollector(context)]
-

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +44,7 @@ class Procfs:
 
     root: Path = Path("/proc")
     host_pids: bool | None = None
+    keep: object = field(default=None, compare=False, repr=False)  # the owner of a temporary root (simulated node)
 
     def pids_are_host(self) -> bool:
         """True when this procfs shows the host's PID namespace, as far as /proc can tell.
