@@ -23,9 +23,11 @@ DEFAULT_VARIABLES = {
     "$__rate_interval": "1m",
     "$__interval": "15s",
     "$__range": "1h",
+    "$__range_s": "3600",
     "$topn": "5",
     "$node": ".+",
     "$gpu": ".*",
+    "$kind": ".+",
 }
 PROMETHEUS_BUILTINS = {"ALERTS", "up"}  # series Prometheus itself makes: alert state, scrape health
 _TOKEN = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")

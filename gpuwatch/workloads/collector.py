@@ -124,7 +124,8 @@ class WorkloadsCollector:
                 "hidden",
                 f"cannot read {procfs.root}/<pid> of other users' GPU processes ({procfs.root} is mounted "
                 f"hidepid={self._hidepid or 'noaccess'}; systemd's ProtectProc=invisible does this): their workloads "
-                'are exported as kind="unknown" id="hidden". docs/workloads.md, "Permissions", says what to change.',
+                'are exported as kind="unknown" id="hidden". Under systemd, install the drop-in '
+                "systemd/drop-ins/workloads.conf (ProtectProc=default); docs/workloads.md, Permissions.",
             )
             return HIDDEN
         return owner if isinstance(owner, ProcessOwner) else None
