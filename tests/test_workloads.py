@@ -16,7 +16,7 @@ from gpuwatch.config import ConfigError, load_config
 from gpuwatch.model import GpuSample, GpuWorkload
 from gpuwatch.workloads.cgroup import Workload
 from gpuwatch.workloads.collector import HIDDEN, NOT_HOST_PIDS, attribute
-from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, user_name
+from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
 from tests.simnode import SimAgent
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
@@ -233,3 +233,31 @@ def test_the_workloads_section_is_validated(tmp_path: Path, values: dict[str, ob
     with pytest.raises(ConfigError) as raised:
         load_config(path)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_each_process_memory_comes_from_the_vendor_library(tmp_path: Path, vendor: str) -> None:
+    """NVML: nvmlProcessInfo_t.usedGpuMemory (nvml.h; pynvml turns NVML_VALUE_NOT_AVAILABLE into None). AMD SMI:
+    amdsmi_proc_info_t.memory_usage.vram_mem in bytes (amdsmi.h), as amdsmi_get_gpu_process_list returns it."""
+    sim = SimAgent(tmp_path, scenario="busy", gpus=2, vendor=vendor)
+    try:
+        sim.run(2)
+        process = sim.node.state(0).processes[0]
+        held = sim.value("gpuwatch_gpu_workload_memory_bytes", 0, kind="slurm_job", id="4242")
+        assert held == process.used_memory_bytes > 0
+    finally:
+        sim.close()
+
+
+def test_user_names_are_looked_up_once_per_ttl() -> None:
+    """A uid's name may come from LDAP or SSSD: the poll job asks the user database once per TTL, not per poll."""
+    now = [0.0]
+    names = UserNames(ttl_seconds=600, clock=lambda: now[0])
+    assert names(0) == pwd.getpwuid(0).pw_name
+    assert names(UNKNOWN_UID) == str(UNKNOWN_UID)
+    assert names(None) == ""
+    names._names[0] = ("cached", 600.0)  # what a lookup at t=0 left; a lookup would say "root"
+    now[0] = 599.0
+    assert names(0) == "cached"
+    now[0] = 600.0
+    assert names(0) == pwd.getpwuid(0).pw_name

@@ -17,7 +17,7 @@ from pathlib import Path
 from gpuwatch.collector import CollectorContext, Every
 from gpuwatch.model import GpuSample, GpuWorkload
 from gpuwatch.workloads.cgroup import Workload
-from gpuwatch.workloads.procfs import ProcessOwner, Procfs, Unreadable
+from gpuwatch.workloads.procfs import ProcessOwner, Procfs, Unreadable, UserNames
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class WorkloadsCollector:
         self._host_pids: bool | None = None
         self._hidepid: str | bool | None = False  # False: not looked up yet
         self._said: set[str] = set()
+        self._users = UserNames(clock=context.monotonic)
 
     @property
     def interval_seconds(self) -> float:
@@ -112,7 +113,7 @@ class WorkloadsCollector:
     def _owner(self, procfs: Procfs, pid: int) -> ProcessOwner | Workload | None:
         if not self._host_pids:
             return NOT_HOST_PIDS
-        owner: ProcessOwner | Unreadable = procfs.owner(pid)
+        owner: ProcessOwner | Unreadable = procfs.owner(pid, self._users)
         if owner == "missing":
             if self._hidepid is False:
                 self._hidepid = procfs.hidepid()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -86,9 +88,9 @@ class Procfs:
                         return value
         return None
 
-    def owner(self, pid: int) -> ProcessOwner | Unreadable:
+    def owner(self, pid: int, users: Callable[[int | None], str] | None = None) -> ProcessOwner | Unreadable:
         """The workload and user of a process, or why they cannot be read: "hidden" (access denied) or "missing"
-        (no such process: it exited, or hidepid=invisible hides it)."""
+        (no such process: it exited, or hidepid=invisible hides it). `users` names a uid (default user_name)."""
         base = self.root / str(pid)
         try:
             cgroup = _read(base / "cgroup")
@@ -98,7 +100,25 @@ class Procfs:
             # hidepid=noaccess: EACCES. hidepid=invisible: ENOENT, as for a process that is gone.
             return "hidden" if exc.errno in (errno.EACCES, errno.EPERM) else "missing"
         workload = workload_of_cgroup(cgroup) or Workload("process", comm or f"pid-{pid}")
-        return ProcessOwner(workload, user_name(_real_uid(status)))
+        return ProcessOwner(workload, (users or user_name)(_real_uid(status)))
+
+
+class UserNames:
+    """uid -> name, remembered for `ttl_seconds`: a lookup may go to LDAP or SSSD, and the poll job must not wait on
+    it for every process of every poll; a user created or renamed shows within the TTL."""
+
+    def __init__(self, ttl_seconds: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl, self._clock = ttl_seconds, clock
+        self._names: dict[int | None, tuple[str, float]] = {}
+
+    def __call__(self, uid: int | None) -> str:
+        now = self._clock()
+        known = self._names.get(uid)
+        if known is None or known[1] <= now:
+            if len(self._names) >= 4096:
+                self._names.clear()
+            known = self._names[uid] = (user_name(uid), now + self._ttl)
+        return known[0]
 
 
 def user_name(uid: int | None) -> str:
