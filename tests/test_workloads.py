@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from simnode import SimAgent
 
 from gpuwatch.config import ConfigError, load_config
 from gpuwatch.model import GpuSample, GpuWorkload
 from gpuwatch.workloads.cgroup import Workload
 from gpuwatch.workloads.collector import HIDDEN, NOT_HOST_PIDS, attribute
 from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
-from tests.simnode import SimAgent
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
 UNKNOWN_UID = 3_999_999  # no passwd entry on any sane test machine
@@ -261,3 +261,35 @@ def test_user_names_are_looked_up_once_per_ttl() -> None:
     assert names(0) == "cached"
     now[0] = 600.0
     assert names(0) == pwd.getpwuid(0).pw_name
+
+
+NODES = {  # a node of each kind: its GPU processes' cgroup files (tests/fixtures/cgroups/README.md cites each format)
+    "slurm": ("slurm-v2.cgroup", "slurm-v2-sluid.cgroup", "slurm-v1.cgroup"),
+    "kubernetes": (
+        "k8s-systemd-containerd-burstable.cgroup",
+        "k8s-systemd-crio-guaranteed.cgroup",
+        "k8s-cgroupfs-docker-besteffort.cgroup",
+    ),
+    "docker": ("docker-v2-systemd.cgroup", "docker-v1-cgroupfs.cgroup", "docker-rootless-v2.cgroup"),
+    "systemd": ("systemd-service-v2.cgroup", "hybrid-systemd-service.cgroup", "login-session-v2.cgroup"),
+}
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_each_kind_of_node_attributes_its_gpus(tmp_path: Path, node: str) -> None:
+    """A procfs tree per node kind, one GPU process per fixture, read through the reader and the bound as the
+    collector reads them."""
+    from test_workloads_cgroup import EXPECTED
+
+    procfs = Procfs(tmp_path, host_pids=True)
+    for offset, fixture in enumerate(NODES[node]):
+        pid = 1000 + offset
+        _proc(tmp_path, pid, fixture, 0, comm="train")
+        (workload,) = attribute(_sample({pid: 2**30}), lambda p: procfs.owner(p), 8)
+        expected = EXPECTED[fixture] or Workload("process", "train")
+        assert (workload.kind, workload.id, workload.user, workload.memory_bytes) == (
+            expected.kind,
+            expected.id,
+            "root",
+            2**30,
+        ), fixture
