@@ -206,10 +206,16 @@ def test_hidepid_invisible_makes_other_users_processes_unknown_with_one_log_line
         sim.close()
 
 
-def test_processes_that_exit_between_the_nvml_read_and_the_proc_read_are_left_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mount_options", ["rw", "rw,hidepid=invisible"])
+def test_processes_that_exit_between_the_nvml_read_and_the_proc_read_are_left_out(
+    tmp_path: Path, mount_options: str
+) -> None:
+    """No /proc entry for the GPU processes: gone. Under hidepid=invisible too when this reader sees PID 1 (root's
+    init): it is exempt (root, CAP_SYS_PTRACE or the mount's gid=), so nothing is hidden from it."""
     sim = SimAgent(tmp_path / "state", scenario="busy", gpus=2)
     empty = tmp_path / "empty"
-    _self(empty)  # /proc without hidepid, and no entry for the GPU processes: they are gone
+    _self(empty, mount_options=mount_options)
+    _proc(empty, 1, "0::/init.scope\n", 0, comm="systemd")
     sim.agent._sources.procfs = Procfs(empty, host_pids=True)
     try:
         sim.run(2)

@@ -75,7 +75,8 @@ class WorkloadsCollector:
 
     def __init__(self, context: CollectorContext) -> None:
         self._context = context
-        self._host_pids: bool | None = None
+        self._checked: Path | None = None  # the procfs root whose namespace and hidepid were looked at
+        self._host_pids = False
         self._hidepid: str | bool | None = False  # False: not looked up yet
         self._said: set[str] = set()
         self._users = UserNames(clock=context.monotonic)
@@ -90,7 +91,8 @@ class WorkloadsCollector:
 
     def update(self) -> bool:
         procfs = self._procfs()
-        if self._host_pids is None:
+        if self._checked != procfs.root:  # the first run, or a reload that moved workloads.procfs_root
+            self._checked, self._hidepid = procfs.root, False
             self._host_pids = procfs.pids_are_host()
             if not self._host_pids:
                 self._say_once(
@@ -116,7 +118,7 @@ class WorkloadsCollector:
         owner: ProcessOwner | Unreadable = procfs.owner(pid, self._users)
         if owner == "missing":
             if self._hidepid is False:
-                self._hidepid = procfs.hidepid()
+                self._hidepid = procfs.hides_others()
             if self._hidepid is None:
                 return None  # exited between the vendor's read and this one
             owner = "hidden"

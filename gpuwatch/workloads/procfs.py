@@ -88,6 +88,15 @@ class Procfs:
                         return value
         return None
 
+    def hides_others(self) -> str | None:
+        """The hidepid option when it makes other users' processes invisible to this reader (ENOENT, as for a
+        process that exited): ``invisible``/``2`` or ``ptraceable``/``4``, unless this reader is exempt (root,
+        CAP_SYS_PTRACE, the mount's gid=), which shows as PID 1 (root's init) being visible."""
+        option = self.hidepid()
+        if option in ("invisible", "2", "ptraceable", "4") and not (self.root / "1").exists():
+            return option
+        return None
+
     def owner(self, pid: int, users: Callable[[int | None], str] | None = None) -> ProcessOwner | Unreadable:
         """The workload and user of a process, or why they cannot be read: "hidden" (access denied) or "missing"
         (no such process: it exited, or hidepid=invisible hides it). `users` names a uid (default user_name)."""
