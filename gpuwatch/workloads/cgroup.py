@@ -15,7 +15,8 @@ The names each manager gives its cgroups (docs/workloads.md has the sources):
   ``kubepods[/besteffort|/burstable]`` (cgroupfs driver); the systemd driver joins the parts with ``-``, turns the
   UID's ``-`` into ``_`` (escapeSystemdCgroupName) and adds ``.slice``.
 - Container runtimes through runc/crun's systemd driver: ``<prefix>-<64 hex id>.scope`` with prefix docker,
-  cri-containerd, crio, libpod (podman), nerdctl; cgroupfs driver: ``/docker/<id>``, ``.../pod<UID>/<id>``.
+  cri-containerd, crio, libpod (podman), nerdctl; cgroupfs driver: ``/docker/<id>``, ``.../pod<UID>/<id>``,
+  ``/libpod_parent/libpod-<id>``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _POD_SYSTEMD = re.compile(rf"^kubepods(?:-besteffort|-burstable)?-pod({_UID})\.s
 _HEX_ID = r"[0-9a-f]{64}"
 _SCOPE = re.compile(rf"^(docker|cri-containerd|crio|libpod|nerdctl)-({_HEX_ID})\.scope$")
 _BARE_ID = re.compile(rf"^({_HEX_ID})$")
+_LIBPOD_CGROUPFS = re.compile(rf"^libpod-({_HEX_ID})$")  # podman --cgroup-manager=cgroupfs: /libpod_parent/libpod-<id>
 # The Kubernetes containerID scheme (pod status containerStatuses[].containerID): runtime://id.
 _RUNTIME = {"docker": "docker", "cri-containerd": "containerd", "crio": "cri-o", "libpod": "podman",
             "nerdctl": "containerd"}  # fmt: skip
@@ -78,6 +80,8 @@ def workload_of_path(path: str) -> Workload | None:
             found.setdefault("k8s_pod", match.group(1).replace("_", "-"))
         if match := _SCOPE.match(part):
             found["container"] = f"{_RUNTIME[match.group(1)]}://{match.group(2)}"
+        elif match := _LIBPOD_CGROUPFS.match(part):
+            found["container"] = f"podman://{match.group(1)}"
         elif (match := _BARE_ID.match(part)) and (before == "docker" or "k8s_pod" in found):
             found["container"] = f"{'docker' if before == 'docker' else 'container'}://{match.group(1)}"
         if _UNIT.match(part) and not _NOT_A_WORKLOAD_UNIT.match(part) and not _SCOPE.match(part):
