@@ -31,7 +31,9 @@ EXPECTED = {
     "podman-v2-systemd.cgroup": Workload(
         "container", "podman://c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3"
     ),
-    "podman-v1-cgroupfs.cgroup": Workload("container", "podman://d1e2f3a4b5c60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"),
+    "podman-v1-cgroupfs.cgroup": Workload(
+        "container", "podman://d1e2f3a4b5c60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
+    ),
     "systemd-service-v2.cgroup": Workload("systemd_unit", "vllm-inference.service"),
     "systemd-run-scope-v2.cgroup": Workload("systemd_unit", "run-r0f1e2d3c4b5a69788796a5b4c3d2e1f0.scope"),
     "login-session-v2.cgroup": None,
