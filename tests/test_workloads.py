@@ -6,8 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -299,3 +302,46 @@ def test_each_kind_of_node_attributes_its_gpus(tmp_path: Path, node: str) -> Non
             "root",
             2**30,
         ), fixture
+
+
+_READ = (
+    "import sys; from pathlib import Path; from gpuwatch.workloads.procfs import Procfs; "
+    "p = Procfs(Path(sys.argv[1])); o = p.owner(int(sys.argv[2])); "
+    "print(o if isinstance(o, str) else o.workload.kind + ':' + o.user, p.hides_others())"
+)
+
+
+def _real_hidepid(option: str) -> list[str]:
+    """In a private mount namespace: a procfs mounted hidepid=`option`, a process of uid 65534, and the reader run
+    as uid 65533 (another user) and as root; each prints what it read of that process."""
+    root = Path(tempfile.mkdtemp(prefix=f"gpuwatch-hidepid-{option}-"))  # pytest's tmp_path is root's alone (0700)
+    root.chmod(0o755)
+    python, repo = sys.executable, Path(__file__).resolve().parent.parent
+    read = f"{python} -c {shlex.quote(_READ)} {root} $S"
+    shell = (
+        f"mount -t proc -o hidepid={option} proc {root} || exit 3; export PYTHONPATH={repo}; "
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sleep 30 & S=$!; sleep 0.3; "
+        f"setpriv --reuid=65533 --regid=65533 --clear-groups {read}; {read}; kill $S"
+    )
+    try:
+        done = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=60)
+    finally:
+        root.rmdir()
+    if done.returncode == 3:
+        pytest.skip(f"cannot mount a procfs here: {done.stderr.strip()}")
+    assert done.returncode in (0, 143) and len(done.stdout.splitlines()) == 2, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "setpriv")),
+    reason="needs root, unshare and setpriv to mount a procfs with hidepid= and run as two users",
+)
+@pytest.mark.parametrize(
+    ("option", "other_user"),
+    [("invisible", "missing invisible"), ("noaccess", "hidden None")],
+)
+def test_a_real_hidepid_mount_is_read_as_the_kernel_means_it(option: str, other_user: str) -> None:
+    """proc(5), hidepid: "invisible" (2) hides other users' /proc/PID (ENOENT, as for an exited process, so the
+    mount option tells them apart), "noaccess" (1) denies access (EACCES); root is exempt and reads everything."""
+    assert _real_hidepid(option) == [other_user, "process:nobody None"]
