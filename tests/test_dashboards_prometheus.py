@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import free_port, free_port_range
-from dashboard_queries import REPO, PanelQuery, dashboards, panels, queries, substitute
+from dashboard_queries import ALLOWED_EMPTY, NEEDS_GPM, REPO, PanelQuery, dashboards, panels, queries, substitute
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3
@@ -29,18 +29,6 @@ NODES = 3
 # procfs gives it (gpuwatch/simulated/procfs.py).
 FAULTS = ["0=mixed", "1/3=xid", "2=busy"]
 
-# Every panel must answer on the simulated fleet; a query listed here may stay empty, with the reason why.
-ALLOWED_EMPTY: dict[tuple[str, str, str], str] = {
-    ("gpuwatch-workloads.json", "GPUs allocated but idle for an hour", "A"): (
-        "a workload must hold an idle GPU for an hour first (promtool tests it: gpuwatch-workloads-test.yml)"
-    ),
-}
-# Queries of the GPM activity series (gpuwatch_gpu_sm_active_*, gpuwatch_gpu_tensor_active_*), which the agent
-# exports from branch gpm on: left out of test_every_query_returns_data and held by test_gpm_query_returns_data.
-NEEDS_GPM: set[tuple[str, str, str]] = {
-    ("gpuwatch-workloads.json", "Tensor activity by workload", "A"),
-    ("gpuwatch-workloads.json", "SM activity of held GPUs", "A"),
-}
 DEADLINE_SECONDS = 240  # rates need two scrapes; the XID alert fires at its first evaluation after the event
 
 
