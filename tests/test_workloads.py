@@ -101,6 +101,11 @@ def test_hidepid_is_read_from_the_proc_mount_options(tmp_path: Path) -> None:
         root = tmp_path / (options.replace(",", "_").replace("=", "-"))
         _self(root, mount_options=options)
         assert Procfs(root).hidepid() == expected
+    stacked = tmp_path / "stacked"  # systemd's ProtectProc mounts a fresh procfs over the host's: the top one counts
+    _self(stacked, mount_options="rw")
+    with open(stacked / "self" / "mountinfo", "a") as f:
+        f.write(f"90 22 0:50 / {stacked} rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n")
+    assert Procfs(stacked).hidepid() == "invisible"
 
 
 def test_the_bound_keeps_the_largest_workloads_and_sums_the_rest() -> None:

@@ -28,7 +28,7 @@ from gpuwatch.workloads.cgroup import Workload, workload_of_cgroup
 PROC_PID_INIT_INO = 0xEFFFFFFC  # include/linux/proc_ns.h: the inode of the initial (host) PID namespace
 MAX_FILE_BYTES = 64 * 1024  # a cgroup file is a line per hierarchy; status is ~1.5 KiB
 
-Unreadable = Literal["missing", "hidden"]  # missing: gone, or hidden by hidepid=invisible (Procfs.hidepid tells)
+Unreadable = Literal["missing", "hidden"]  # missing: gone, or hidden by hidepid=invisible (hides_others tells)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +76,17 @@ class Procfs:
         except OSError:
             return None
         target = str(self.root.resolve()) if self.root.is_absolute() else str(self.root)
+        options = ""  # the super options of the last proc mount on the root: the one on top is the one seen
         for line in lines:
-            fields = line.split(" ")
-            if len(fields) < 10 or fields[4] != target or "-" not in fields:
-                continue
-            after = fields[fields.index("-") + 1 :]
-            if len(after) >= 3 and after[0] == "proc":
-                for option in after[2].split(","):
-                    key, _, value = option.partition("=")
-                    if key == "hidepid" and value not in ("0", "off"):
-                        return value
+            fields = line.split(" ")  # proc(5), /proc/pid/mountinfo: field 5 the mount point, "-", fstype, source
+            if len(fields) >= 10 and fields[4] == target and "-" in fields:
+                after = fields[fields.index("-") + 1 :]
+                if len(after) >= 3 and after[0] == "proc":
+                    options = after[2]
+        for option in options.split(","):
+            key, _, value = option.partition("=")
+            if key == "hidepid" and value not in ("0", "off"):
+                return value
         return None
 
     def hides_others(self) -> str | None:
