@@ -155,6 +155,14 @@ class CompatSection:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadsSection:
+    """Whose job runs on each GPU (gpuwatch/workloads/, docs/workloads.md)."""
+
+    max_per_gpu: int = 8  # workloads exported per GPU; the rest are summed into kind="other"
+    procfs_root: str = "/proc"  # a container without the host's PID namespace: a mount of the host's /proc
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     simulated: SimulatedSection = field(default_factory=SimulatedSection)
@@ -163,6 +171,7 @@ class Config:
     host: HostSection = field(default_factory=HostSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     compat: CompatSection = field(default_factory=CompatSection)
+    workloads: WorkloadsSection = field(default_factory=WorkloadsSection)
     source: str = "defaults"
 
     @property
@@ -183,6 +192,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "host": HostSection,
     "probe": ProbeSection,
     "compat": CompatSection,
+    "workloads": WorkloadsSection,
 }
 
 
@@ -317,6 +327,17 @@ def _validate(config: Config, problems: _Problems) -> None:
     _validate_probe(config.probe, check)
     _validate_host(config, check)
     _validate_compat(config.compat, check)
+    workloads = config.workloads
+    check(
+        1 <= workloads.max_per_gpu <= 256,
+        "workloads.max_per_gpu",
+        f"must be between 1 and 256 (got {workloads.max_per_gpu}); each is a series per GPU, the rest are summed",
+    )
+    check(
+        workloads.procfs_root.startswith("/"),
+        "workloads.procfs_root",
+        f"must be an absolute path such as /proc or /host/proc, got {workloads.procfs_root!r}",
+    )
 
 
 DCGM_HOSTNAME_LABELS = ("Hostname", "hostname", "")

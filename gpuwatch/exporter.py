@@ -79,6 +79,9 @@ def families(snap: StoreSnapshot, extension: Extension | None = None) -> Iterato
         for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
             out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
         export_probe(gpu, identity.uuid, snap.probe, out)
+        for w in snap.workloads.get(identity.uuid, ()):
+            out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
+            out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
     export_interval(snap.probe, out)
     _host(snap, out)
     own = list(out)

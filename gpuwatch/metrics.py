@@ -104,6 +104,18 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_memory_used_bytes", "gauge", GPU, "Device memory in use."),
     _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
     _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
+    _m(
+        "gpuwatch_gpu_workload_info",
+        "gauge",
+        (*GPU, "kind", "id", "user"),
+        "A workload holding the GPU (kind: slurm_job, k8s_pod, container, systemd_unit, process, unknown, other); 1.",
+    ),
+    _m(
+        "gpuwatch_gpu_workload_memory_bytes",
+        "gauge",
+        (*GPU, "kind", "id"),
+        "GPU memory the workload's compute processes hold, where the vendor reports it for each of them.",
+    ),
     _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
     _m(
         "gpuwatch_gpu_partitions",

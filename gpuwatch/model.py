@@ -77,6 +77,7 @@ class GpuSample:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     process_pids: tuple[int, ...] | None = None  # host PIDs of compute processes
+    process_memory_bytes: dict[int, int] = field(default_factory=dict)  # host PID -> GPU memory, where reported
     mig_enabled: bool | None = None
     compute_partitions: int | None = None  # AMD: partitions its GPU is split into (SPX 1, CPX 8), on partition 0
     ecc_enabled: bool | None = None
@@ -115,6 +116,18 @@ class GpuSample:
     # The token the vendor's compute runtime selects this GPU by, where it is not the UUID (AMD: ROCR_VISIBLE_DEVICES
     # takes GPU-<unique id> or an index); None: the UUID. Not exported; the probe pins its worker with it.
     runtime_device: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWorkload:
+    """One workload on one GPU (gpuwatch/workloads/): a Slurm job, Kubernetes pod, container, systemd unit,
+    process, ``unknown`` (its processes could not be read) or ``other`` (those past the per-GPU bound, summed)."""
+
+    kind: str
+    id: str
+    user: str  # the user holding most of its GPU memory; "" where unknown or several summed
+    memory_bytes: int | None  # None: the vendor did not report every one of its processes' memory
+    processes: int
 
 
 @dataclass(frozen=True, slots=True)

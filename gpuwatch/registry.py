@@ -29,6 +29,7 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("hwmon", "gpuwatch.host.collectors"),
     Registration("ipmi", "gpuwatch.host.collectors"),
     Registration("probe", "gpuwatch.probe.collector"),
+    Registration("workloads", "gpuwatch.workloads.collector"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

@@ -21,8 +21,10 @@ from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.host_sensors import simulated_host_sources
 from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
+from gpuwatch.simulated.procfs import SimulatedProcfs
 from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.sources import BackendSlot, NodeSources, build_node_sources
+from gpuwatch.workloads.procfs import Procfs
 
 __all__ = [
     "VERSION_ENV",
@@ -30,6 +32,7 @@ __all__ = [
     "build_sources",
     "simulated_amd_backend",
     "simulated_amd_slot",
+    "simulated_procfs",
     "simulated_release",
     "simulated_slot",
     "simulated_sources",
@@ -70,7 +73,14 @@ def simulated_sources(
         else []
     )
     launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time)
-    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher)
+    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, simulated_procfs(node))
+
+
+def simulated_procfs(node: SimulatedNode) -> Procfs:
+    """The node's GPU processes in a temporary procfs (Slurm jobs, pods, a container, a unit, a process), read as
+    the host's PID namespace; the view holds the directory for as long as it is used."""
+    sim = SimulatedProcfs(node)
+    return Procfs(sim.root, host_pids=True, keep=sim)
 
 
 def simulated_slot(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> BackendSlot:

@@ -22,6 +22,7 @@ from gpuwatch.kmsg import KernelLogXidReader
 from gpuwatch.model import Vendor
 from gpuwatch.pci import count_pci_gpus
 from gpuwatch.probe.launch import WorkerLauncher
+from gpuwatch.workloads.procfs import Procfs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class NodeSources:
     kernel_log: KernelLogXidReader | None
     host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/host/collectors.py)
     probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
+    procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root
 
 
 def build_node_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> NodeSources:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, HostSample, UnusableGpu
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, GpuWorkload, HostSample, UnusableGpu
 from gpuwatch.probebook import ProbeBook, ProbeView
 from gpuwatch.xid import fold_xid
 
@@ -64,6 +64,7 @@ class StoreSnapshot:
     sxids: dict[tuple[str, int], XidCount] = field(default_factory=dict)  # (NVSwitch, SXid) from the kernel log
     host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
+    workloads: dict[str, tuple[GpuWorkload, ...]] = field(default_factory=dict)  # uuid -> its workloads (bounded)
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -95,6 +96,7 @@ class SampleStore:
         self._sxids: dict[tuple[str, int], XidCount] = {}  # (NVSwitch PCI address, SXid) -> count
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
+        self._workloads: dict[str, tuple[GpuWorkload, ...]] = {}
 
     @property
     def poll_interval_seconds(self) -> float:
@@ -138,6 +140,11 @@ class SampleStore:
         """The latest read of a host source (hwmon, ipmi); served while younger than 3 of its intervals."""
         with self._lock:
             self._host[sample.source] = (sample, interval_seconds)
+
+    def set_workloads(self, workloads: dict[str, tuple[GpuWorkload, ...]]) -> None:
+        """The workloads collector's last attribution of every GPU's processes (replaces the previous one)."""
+        with self._lock:
+            self._workloads = dict(workloads)
 
     def set_backend(self, name: str, up: bool, message: str = "") -> None:
         with self._lock:
@@ -273,4 +280,5 @@ class SampleStore:
                     if now - sample.timestamp <= STALE_AFTER_POLLS * interval
                 ),
                 probe=self.probe.view(),
+                workloads=dict(self._workloads),
             )

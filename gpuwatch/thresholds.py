@@ -43,6 +43,7 @@ THRESHOLDS: dict[str, float] = {
     "xid_window_seconds": 600,
     "collector_missed_intervals": 3,
     "collector_late_min_seconds": 60,
+    "allocated_idle_sm_active_ratio": 0.05,
 }
 
 

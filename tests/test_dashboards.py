@@ -190,7 +190,7 @@ def test_joins_are_on_uuid() -> None:
     """Every binary operation between two GPU metrics matches on uuid (within its instance), never on all labels."""
     for q in queries():
         if "group_left" in q.expr and "gpuwatch_gpu" in q.expr:
-            assert "on(instance, uuid)" in q.expr or "on(model)" in q.expr or "on(instance, chip" in q.expr, q.key
+            assert "on(instance, uuid" in q.expr or "on(model)" in q.expr or "on(instance, chip" in q.expr, q.key
 
 
 def test_metric_name_extraction() -> None:

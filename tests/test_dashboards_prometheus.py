@@ -19,19 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboard_queries import REPO, PanelQuery, dashboards, panels, queries, substitute
+from dashboard_queries import ALLOWED_EMPTY, REPO, PanelQuery, dashboards, panels, queries, substitute
 from ports import free_port, free_port_range
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3
 # node-000 is the demo node (GPU 2 hot, GPU 5 power-capped, GPU 6 slow); node-001 GPU 3 logs XIDs 13 and 79;
-# node-002 GPU 4 is busy but starved of input (utilization 100 %, SM active ~13 %: the real-utilization panels).
-FAULTS = ["0=mixed", "1/3=xid", "2/4=dataloader_starved"]
+# node-002 is busy: every GPU has a compute process, in the Slurm job, pod, container, unit or process its simulated
+# procfs gives it (gpuwatch/simulated/procfs.py); its GPU 4 is busy but starved of input (utilization 100 %, SM
+# active ~13 %: the real-utilization panels).
+FAULTS = ["0=mixed", "1/3=xid", "2=busy", "2/4=dataloader_starved"]
 
-# Every panel must answer on the simulated fleet; a query listed here may stay empty, with the reason why.
-ALLOWED_EMPTY: dict[tuple[str, str, str], str] = {
-    ("gpuwatch-node.json", "NVLink / XGMI traffic", "A"): "simulate-fleet's NVIDIA nodes have no NVLink",
-}
 DEADLINE_SECONDS = 240  # rates need two scrapes; the XID alert fires at its first evaluation after the event
 
 

@@ -135,3 +135,17 @@ def test_the_unit_keeps_what_the_agent_needs() -> None:
         line.startswith(("PrivateDevices=yes", "MemoryDenyWriteExecute=yes", "ProcSubset=pid")) for line in lines
     )
     assert any(line.startswith("WatchdogSec=") for line in lines)
+
+
+def test_the_workloads_drop_in_lifts_only_hidepid(analyze: str, tmp_path: Path) -> None:
+    """Reading other users' /proc/PID/cgroup and status needs no capability and no ptrace (mode 0444 in
+    fs/proc/base.c), only /proc without hidepid: the drop-in sets ProtectProc=default and nothing else, and the
+    exposure grows by that setting's weight (0.2) alone; the unit itself keeps ProtectProc=invisible."""
+    drop_in = DROP_INS / "workloads.conf"
+    settings = [line.strip() for line in drop_in.read_text().splitlines() if line.strip() and line[0] not in "#["]
+    assert settings == ["ProtectProc=default"]
+    assert "ProtectProc=invisible" in {line.strip() for line in UNIT.read_text().splitlines()}
+    base = exposure(run(analyze, "security", "--offline=yes", str(UNIT)).stdout)
+    root = install_root(tmp_path, UNIT.read_text(), [drop_in])
+    with_drop_in = exposure(run(analyze, "security", "--offline=yes", f"--root={root}", "gpuwatch.service").stdout)
+    assert base < with_drop_in <= base + 0.2 + 1e-9

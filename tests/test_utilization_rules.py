@@ -50,7 +50,7 @@ def test_recorded_starved_gpu_stands_out(tmp_path: Path) -> None:
                         "exp_samples": [],
                     },
                     {
-                        "expr": "round(gpuwatch:gpu_sm_active_when_busy:ratio_rate5m < 0.5, 0.01)",
+                        "expr": "round(gpuwatch:gpu_sm_active_when_busy:ratio_avg5m < 0.5, 0.01)",
                         "eval_time": "5m50s",
                         "exp_samples": [
                             {"labels": f'{{instance="n1",job="gpuwatch",gpu="2",uuid="{uuid}"}}', "value": 0.13}

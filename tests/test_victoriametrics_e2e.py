@@ -25,14 +25,14 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from dashboard_queries import queries, substitute
+from dashboard_queries import ALLOWED_EMPTY, queries, substitute
 from ports import free_port, free_port_range
 from promrules import PROM_DIR, ROOT
 from test_alerts_e2e import (
@@ -62,9 +62,10 @@ pytestmark = pytest.mark.skipif(
 
 GPUS = 8  # the dashboard test's mixed node needs GPUs 2, 5 and 6
 ALERT_NODES = 6  # nodes 0-5: test_alerts_e2e's fleet and faults, unchanged
-DASHBOARD_FAULTS = ["6=mixed", "7/3=xid"]  # tests/test_dashboards_prometheus.py's faults, moved to nodes 6 and 7
-NODES = 12  # 8-11 healthy
-HEALTHY = {"node-000", "node-005", "node-008", "node-009", "node-010", "node-011"}
+# tests/test_dashboards_prometheus.py's faults, moved to nodes 6, 7 and 8 (8 busy: its GPUs hold workloads)
+DASHBOARD_FAULTS = ["6=mixed", "7/3=xid", "8=busy"]
+NODES = 12  # 9-11 healthy
+HEALTHY = {"node-000", "node-005", "node-009", "node-010", "node-011"}
 SHARDS = 2  # deploy/victoriametrics/vmagent.env's -promscrape.cluster.membersCount
 VM_DEPLOY = ROOT / "deploy" / "victoriametrics"
 DEADLINE_S = 150.0
@@ -467,8 +468,14 @@ def test_recording_rules_written_back(stack: Stack) -> None:
     assert stack.query('ALERTS{alertname="GpuLost", alertstate="firing"}')
 
 
+def _keys(table: Iterable[tuple[str, str, str]]) -> set[str]:
+    return {" / ".join(key) for key in table}
+
+
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:
-    pending = {q.key: substitute(q.expr) for q in queries()}
+    """Every query but those test_dashboards_prometheus.py allows to be empty."""
+    skip = _keys(ALLOWED_EMPTY)
+    pending = {q.key: substitute(q.expr) for q in queries() if q.key not in skip}
     deadline = time.monotonic() + 60
     while pending and time.monotonic() < deadline:
         for key, expr in list(pending.items()):

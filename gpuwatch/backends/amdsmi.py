@@ -457,6 +457,11 @@ class AmdSmiBackend(TieredBackend[_Gpu]):
         processes = self._call(gpu, "amdsmi_get_gpu_process_list")
         if isinstance(processes, list):
             sample.process_pids = tuple(int(p["pid"]) for p in processes if isinstance(p, dict) and "pid" in p)
+            sample.process_memory_bytes = {}  # amdsmi.h amdsmi_proc_info_t: memory_usage.vram_mem, in bytes
+            for p in processes:
+                usage = p.get("memory_usage") if isinstance(p, dict) and "pid" in p else None
+                if isinstance(usage, dict) and (bytes_ := _number(usage.get("vram_mem"))) is not None:
+                    sample.process_memory_bytes[int(p["pid"])] = int(bytes_)
 
     def _read_thermal_power(self, gpu: _Gpu, sample: GpuSample) -> None:
         temp_type, current = self._lib.AmdSmiTemperatureType, self._lib.AmdSmiTemperatureMetric.CURRENT

@@ -420,6 +420,10 @@ class NvmlBackend(NvmlGpmTier):
         processes = self._call(gpu, ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"))
         if processes is not None:
             sample.process_pids = tuple(int(process.pid) for process in processes)
+            # usedGpuMemory is None where NVML says NVML_VALUE_NOT_AVAILABLE (pynvml converts it; MIG, WDDM).
+            sample.process_memory_bytes = {
+                int(p.pid): int(p.usedGpuMemory) for p in processes if p.usedGpuMemory is not None
+            }
 
     def _memory_info(self, gpu: _Gpu) -> Any:
         """Version 2 where the binding has it: its ``used`` leaves reserved memory out, as nvidia-smi does."""

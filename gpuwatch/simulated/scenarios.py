@@ -67,6 +67,11 @@ class GpuSpec:
     compute_capability: tuple[int, int]
 
 
+def process_pid(seed: int, index: int) -> int:
+    """The PID of the compute process a busy GPU shows (the simulated procfs gives each one its workload)."""
+    return 40000 + 1013 * index + seed % 997
+
+
 @dataclass(frozen=True, slots=True)
 class SimProcess:
     pid: int
@@ -290,7 +295,7 @@ class SimulatedNode:
         used = 0
         if r.busy or plan.work == "idle_allocated":  # idle_allocated: a process holds memory, runs nothing
             used = self.profile.busy_memory_used_bytes + int(64 * 2**20 * (1.0 + jitter.constant(8)))
-            processes = (SimProcess(pid=40000 + 1013 * index + self.seed % 997, used_memory_bytes=used),)
+            processes = (SimProcess(pid=process_pid(self.seed, index), used_memory_bytes=used),)
         links = spec.nvlink_links
         nvlink_up = tuple(not self.faults.nvlink_down(index, link) for link in range(links))
         return GpuState(

@@ -1,0 +1,98 @@
+"""Each kind of node's /proc/PID/cgroup names its workload (tests/fixtures/cgroups/README.md cites where each
+manager names its cgroups: SchedMD/slurm src/plugins/cgroup/v{1,2}, kubernetes pkg/kubelet/cm, runc's systemd
+driver; the file format is man 7 cgroups, "/proc/[pid]/cgroup")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.workloads.cgroup import Workload, cgroup_paths, workload_of_cgroup, workload_of_path
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
+
+EXPECTED = {
+    "slurm-v2.cgroup": Workload("slurm_job", "4242"),
+    "slurm-v2-sluid.cgroup": Workload("slurm_job", "s0KCYH2W5T0G3R"),
+    "slurm-v1.cgroup": Workload("slurm_job", "4243"),
+    "k8s-systemd-containerd-burstable.cgroup": Workload("k8s_pod", "7c1e2b9a-3d4f-4e6a-8b2c-9f0d1e2a3b4c"),
+    "k8s-systemd-crio-guaranteed.cgroup": Workload("k8s_pod", "0a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c6d"),
+    "k8s-cgroupfs-docker-besteffort.cgroup": Workload("k8s_pod", "74c13223-5a00-11e9-b385-42010a80018d"),
+    "docker-v2-systemd.cgroup": Workload(
+        "container", "docker://5b1d3c8e9f0a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c"
+    ),
+    "docker-v1-cgroupfs.cgroup": Workload(
+        "container", "docker://9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0"
+    ),
+    "docker-rootless-v2.cgroup": Workload(
+        "container", "docker://1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f801"
+    ),
+    "podman-v2-systemd.cgroup": Workload(
+        "container", "podman://c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3"
+    ),
+    "podman-v1-cgroupfs.cgroup": Workload(
+        "container", "podman://d1e2f3a4b5c60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
+    ),
+    "systemd-service-v2.cgroup": Workload("systemd_unit", "vllm-inference.service"),
+    "systemd-run-scope-v2.cgroup": Workload("systemd_unit", "run-r0f1e2d3c4b5a69788796a5b4c3d2e1f0.scope"),
+    "login-session-v2.cgroup": None,
+    "hybrid-systemd-service.cgroup": Workload("systemd_unit", "train.service"),
+}
+
+
+def test_every_fixture_has_an_expectation() -> None:
+    assert sorted(p.name for p in FIXTURES.glob("*.cgroup")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_fixture_names_its_workload(name: str) -> None:
+    assert workload_of_cgroup((FIXTURES / name).read_text()) == EXPECTED[name]
+
+
+def test_slurm_v1_is_found_in_the_task_cgroup_controllers_not_in_name_systemd() -> None:
+    """task/cgroup places tasks in cpuset, memory, devices, freezer (cgroup_v1.c); name=systemd keeps slurmd's
+    service, so the systemd line alone would name the wrong workload."""
+    text = (FIXTURES / "slurm-v1.cgroup").read_text()
+    systemd_only = "\n".join(line for line in text.splitlines() if "name=systemd" in line)
+    assert workload_of_cgroup(systemd_only) == Workload("systemd_unit", "slurmd.service")
+    assert workload_of_cgroup(text) == Workload("slurm_job", "4243")
+
+
+def test_the_pod_uid_comes_back_with_dashes_from_every_qos_class_and_driver() -> None:
+    """escapeSystemdCgroupName turns the UID's "-" into "_" (kubelet cgroup_manager_linux.go); kube_pod_info{uid}
+    has the dashes, so the join needs them back. Guaranteed pods have no QoS level."""
+    uid = "1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b"
+    under = uid.replace("-", "_")
+    for path in (
+        f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{under}.slice",
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{under}.slice/crio-{'a' * 64}.scope",
+        f"/kubepods.slice/kubepods-pod{under}.slice/cri-containerd-{'b' * 64}.scope",
+        f"/kubepods/burstable/pod{uid}/{'c' * 64}",
+        f"/kubepods/pod{uid}/{'d' * 64}",
+    ):
+        assert workload_of_path(path) == Workload("k8s_pod", uid), path
+
+
+def test_a_pod_directory_outside_kubepods_is_not_a_pod() -> None:
+    assert workload_of_path(f"/system.slice/pod{'1' * 32}") is None
+
+
+def test_a_job_directory_outside_slurm_is_not_a_slurm_job() -> None:
+    assert workload_of_path("/system.slice/batch.service/job_12") == Workload("systemd_unit", "batch.service")
+    # slurmstepd's own processes: the scope, not a job
+    assert workload_of_path("/system.slice/slurmstepd.scope/system") == Workload("systemd_unit", "slurmstepd.scope")
+
+
+def test_malformed_lines_are_skipped_not_fatal() -> None:
+    text = "garbage\n7:memory\n0::relative/path\n\n0::/system.slice/a.service\n"
+    assert cgroup_paths(text) == ["/system.slice/a.service"]
+    assert workload_of_cgroup("") is None
+
+
+def test_a_path_from_another_cgroup_namespace_keeps_its_workload() -> None:
+    """Read from inside a cgroup namespace, a process outside shows as ``/../..`` relative to it (cgroup-v2.rst,
+    "Namespace"); the components after it still name the workload."""
+    assert workload_of_path("/../../system.slice/docker-" + "e" * 64 + ".scope") == Workload(
+        "container", "docker://" + "e" * 64
+    )
