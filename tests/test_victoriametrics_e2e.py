@@ -41,11 +41,13 @@ from test_alerts_e2e import (
     INHIBITED,
     SCALE,
     SLOW_GPU,
+    SUMMARIES,
     Webhook,
     _get,
     _poll,
     _serve_webhook,
     _stop,
+    assert_summaries,
     scale_durations,
 )
 
@@ -459,6 +461,8 @@ def test_descriptions_rendered_by_vmalert(stack: Stack) -> None:
             if name == "GpuCountBelowExpected":  # the `query` function: "fewer than the 8 it is expected to have"
                 assert f"fewer than the {GPUS} it is" in " ".join(annotations["description"].split())
     assert "GpuCountBelowExpected" in seen
+    # The summaries read as on Prometheus: vmalert 1.79 renders the same `query`, `first`, `label` and printf.
+    assert assert_summaries(stack.hook.received, GPUS) == set(SUMMARIES)
 
 
 def test_recording_rules_written_back(stack: Stack) -> None:
