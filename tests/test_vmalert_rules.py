@@ -174,7 +174,7 @@ def test_vmalert_renders_the_summaries_promtool_holds(tmp_path: Path) -> None:
         rendered: set[tuple[str, str]] = set()
 
         def all_rendered() -> bool:
-            alerts = _get(f"{alert_url}/api/v1/alerts")["data"]["alerts"]
+            alerts = _get(f"{alert_url}/api/v1/alerts")["data"]["alerts"] or []  # null before the first
             rendered.clear()
             rendered.update((a["name"], a["annotations"].get("summary", "")) for a in alerts if a["state"] == "firing")
             return rendered >= expected

@@ -118,7 +118,7 @@ class Stack:
         return result
 
     def vmalert_firing(self) -> set[tuple[str, str, str]]:
-        alerts = _get(f"{self.vmalert}/api/v1/alerts")["data"]["alerts"]
+        alerts = _get(f"{self.vmalert}/api/v1/alerts")["data"]["alerts"] or []
         return {
             (a["labels"]["alertname"], a["labels"].get("node", ""), a["labels"].get("gpu", ""))
             for a in alerts
