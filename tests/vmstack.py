@@ -296,27 +296,28 @@ AGENT_SCRAPES = "prometheus_target_interval_length_seconds_count"
 
 @dataclass
 class Outage:
-    """Both stores stopped at once for OUTAGE_S s while the fleet runs (one wait for both paths), then restarted."""
+    """A store stopped OUTAGE_S s while the fleet runs, then restarted: what its scrapers counted and held."""
 
-    before: float  # wall time of the counts below
+    before: float  # wall time of `scrapes_before`
     down_at: float
     up_at: float
-    vm_scrapes_before: float
-    agent_scrapes_before: float
-    vm_pending: float  # bytes the vmagents held at the end of the outage
-    agent_retried: float  # samples the agent had retried by then
+    scrapes_before: float  # the scrapers' scrapes so far
+    held: float  # vmagent: bytes buffered at the end of the outage; the agent: samples it had retried
 
 
-def take_down(stack: Stack) -> Outage:
-    """Both stores down OUTAGE_S s, then up again; what the scrapers counted and held meanwhile."""
-    vm_scrapes, agent_scrapes, before = _scrapes(stack), _metric(stack.prom_agent, AGENT_SCRAPES), time.time()
+def take_down(stack: Stack, store: str) -> Outage:
+    """`store` ("victoria-metrics" or "prometheus-receiver") down OUTAGE_S s, then up again. One store at a time: both
+    replaying at once on a small machine starves the simulated fleet, and its scrapes time out."""
+    vm = store == "victoria-metrics"
+    scrapes = _scrapes(stack) if vm else _metric(stack.prom_agent, AGENT_SCRAPES)
+    before = time.time()
     time.sleep(2)
-    _stop(stack.procs["victoria-metrics"])
-    _stop(stack.procs["prometheus-receiver"])
+    _stop(stack.procs[store])
     down_at = time.time()
     time.sleep(OUTAGE_S)
-    pending = sum(_metric(url, "vmagent_remotewrite_pending_data_bytes") for url in stack.vmagents)
-    retried = _metric(stack.prom_agent, "prometheus_remote_storage_samples_retried_total")
-    stack.start("victoria-metrics", stack.vm_cmd())
-    stack.start("prometheus-receiver", stack.receiver_cmd)
-    return Outage(before, down_at, time.time(), vm_scrapes, agent_scrapes, pending, retried)
+    if vm:
+        held = sum(_metric(url, "vmagent_remotewrite_pending_data_bytes") for url in stack.vmagents)
+    else:
+        held = _metric(stack.prom_agent, "prometheus_remote_storage_samples_retried_total")
+    stack.start(store, stack.vm_cmd() if vm else stack.receiver_cmd)
+    return Outage(before, down_at, time.time(), scrapes, held)
