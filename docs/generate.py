@@ -180,7 +180,9 @@ _LOOKUP = re.compile(
 
 
 def _looked_up(expr: str) -> str:
-    """What a look-up's value is, for a reader: the expression less its selectors and the gpuwatch prefixes."""
+    """What a look-up's value is, for a reader: the expression less its selectors, last_over_time() (a device's
+    identity and limits are read as their last value in the hour) and the gpuwatch prefixes."""
+    expr = re.sub(r"last_over_time\(([^{(\s]+)\{[^}]*\}\[\w+\]\)", r"\1", expr)
     expr = re.sub(r"\{[^}]*\}", "", expr)
     expr = re.sub(r"%(\[\d\])?s", "*", expr)
     return "{" + re.sub(r"\bgpuwatch[:_]", "", expr) + "}"
@@ -188,7 +190,7 @@ def _looked_up(expr: str) -> str:
 
 def _lookup(m: re.Match[str]) -> str:
     expr = m["expr"] or m["plain"]
-    if expr.startswith("gpuwatch_gpu_info{"):
+    if expr.startswith("last_over_time(gpuwatch_gpu_info{"):
         return "{model}"
     render = re.sub(r'\{\{ \. \| first \| label "(\w+)" \}\}', r"{\1}", m["render"])
     return re.sub(r"\{\{ \. \| first \| value[^}]*\}\}", lambda _: _looked_up(expr), render)

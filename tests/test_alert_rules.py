@@ -95,7 +95,9 @@ STATE_ALERTS = {
 }
 # Events (an XID, an SXID, a failed run): the value is how long ago; there is no limit to compare with.
 EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}
-MODEL_LOOKUP = "gpuwatch_gpu_info{instance=%[1]q,uuid=%[2]q}` $labels.instance $labels.uuid | query }}"
+MODEL_LOOKUP = (
+    "last_over_time(gpuwatch_gpu_info{instance=%[1]q,uuid=%[2]q}[1h])` $labels.instance $labels.uuid | query }}"
+)
 
 
 def test_summaries_name_the_gpu_its_model_the_value_and_the_limit() -> None:

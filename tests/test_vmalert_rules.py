@@ -134,7 +134,7 @@ def test_vmalert_renders_the_summaries_promtool_holds(tmp_path: Path) -> None:
     lines = []
     for series in spec["input_series"]:
         for i, value in enumerate(_promtool_values(series["values"])[-10:]):
-            if value != "_" and "_timestamp_seconds" not in series["series"]:
+            if value not in ("_", "stale") and "_timestamp_seconds" not in series["series"]:
                 lines.append(f"{series['series']} {value} {(now - 540 + 60 * i) * 1000}")
     for name in ("gpuwatch-rules.yml", "gpuwatch-alerts.yml"):
         (tmp_path / name).write_text(scale_durations((PROM_DIR / name).read_text(), 0.01))
