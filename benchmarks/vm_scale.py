@@ -17,12 +17,14 @@ interval, it measures for --duration seconds:
 - rule evaluation time: vmalert's `vmalert_iteration_duration_seconds` (sum/count per group) and the receiver's
   `prometheus_rule_group_last_duration_seconds`;
 
-and with --outage S (VictoriaMetrics only): the store is stopped S seconds while the fleet runs; it reports the
-vmagents' buffered bytes, bytes per buffered sample, replay time, and scrapes counted by the vmagents against `up`
-samples stored over the whole time (lost = the difference).
+and with --outage S the store is stopped S seconds while the fleet runs. VictoriaMetrics: the vmagents' buffered bytes,
+bytes per buffered sample, replay time, and scrapes counted by the vmagents against `up` samples stored over the whole
+time (lost = the difference). The Prometheus receiver: the agent's resend time after the restart, its scrapes
+against the `up` samples stored, and per node the `up` samples the receiver holds for the outage itself.
 
     .venv/bin/python benchmarks/vm_scale.py                              # 200 nodes x 8 GPUs, 15 s, 120 s each store
     .venv/bin/python benchmarks/vm_scale.py --store vm --outage 300      # the full 5-minute store outage
+    .venv/bin/python benchmarks/vm_scale.py --store prometheus --nodes 50 --duration 30 --outage 300
 """
 
 from __future__ import annotations
@@ -287,6 +289,50 @@ def outage(
     }
 
 
+def outage_receiver(
+    args: argparse.Namespace, run: Run, recv: str, recv_cmd: list[str], agent: str, nodes: int
+) -> dict[str, Any]:
+    """The receiver down args.outage seconds: the agent's WAL backlog, its resend time, and per node the `up` samples
+    the receiver holds for the outage against the scrapes of that time (one per interval)."""
+    store = next(p for p in run.procs if p.args == recv_cmd and p.poll() is None)
+    scrapes = "prometheus_target_interval_length_seconds_count"  # one per scrape of any target
+    scrapes0, wall0 = total(metrics(agent), scrapes), time.time()
+    time.sleep(2)
+    stop(store)
+    down_at = time.time()
+    time.sleep(args.outage)
+    m_down = metrics(agent)
+    run.procs.remove(store)
+    run.procs.append(run.start("prometheus-receiver", recv_cmd))
+    up_at = time.time()
+
+    def caught_up() -> bool:  # sends are in order: the newest sample sent is within an interval of the newest read
+        m = metrics(agent)
+        sent = total(m, "prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
+        return sent >= total(m, "prometheus_remote_storage_highest_timestamp_in_seconds") - args.interval
+
+    resend_s = wait("the agent's WAL resent", caught_up, 1800)
+    time.sleep(args.interval + 5)
+    m_end, wall1 = metrics(agent), time.time()
+    window = f"{up_at - down_at:.0f}s"
+    per_node = query(recv, f'count_over_time(up{{job="gpuwatch"}}[{window}])', at=up_at)
+    stored = query(recv, f'sum(count_over_time(up{{job="gpuwatch"}}[{wall1 - wall0:.0f}s]))', at=wall1)
+    counts = sorted(float(r["value"][1]) for r in per_node)
+    return {
+        "seconds": args.outage,
+        "receiver_down_s": round(up_at - down_at, 1),
+        "retried_samples_during": total(m_down, "prometheus_remote_storage_samples_retried_total"),
+        "resend_s": round(resend_s, 1),
+        "scrapes_counted_approx": total(m_end, scrapes) - scrapes0,
+        "up_samples_stored": float(stored[0]["value"][1]) if stored else 0.0,
+        "nodes_with_outage_samples": len(per_node),
+        "up_samples_per_node_in_outage_min_max": [counts[0], counts[-1]] if counts else [],
+        "scrapes_per_node_in_outage": round((up_at - down_at) / args.interval, 1),
+        "failed_samples": total(m_end, "prometheus_remote_storage_samples_failed_total"),
+        "dropped_samples": total(m_end, "prometheus_remote_storage_samples_dropped_total"),
+    }
+
+
 def bench_prometheus(args: argparse.Namespace, run: Run, targets: Path, nodes: int) -> dict[str, Any]:
     tmp, interval = run.tmp, f"{args.interval}s"
     recv_port, agent_port = free_port(), free_port()
@@ -307,17 +353,15 @@ def bench_prometheus(args: argparse.Namespace, run: Run, targets: Path, nodes: i
     (tmp / "receiver.yml").write_text(
         yaml.safe_dump({"global": {"evaluation_interval": interval}, "rule_files": [str(p) for p in RULES]})
     )
-    receiver = run.start(
-        "prometheus-receiver",
-        [
-            "prometheus",
-            f"--config.file={tmp / 'receiver.yml'}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{recv_port}",
-            "--web.enable-remote-write-receiver",
-            "--web.enable-admin-api",
-        ],
-    )
+    recv_cmd = [
+        "prometheus",
+        f"--config.file={tmp / 'receiver.yml'}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{recv_port}",
+        "--web.enable-remote-write-receiver",
+        "--web.enable-admin-api",
+    ]
+    receiver = run.start("prometheus-receiver", recv_cmd)
     scraper = run.start(
         "prometheus-agent",
         [
@@ -353,6 +397,9 @@ def bench_prometheus(args: argparse.Namespace, run: Run, targets: Path, nodes: i
         "rule_group_last_ms": groups,
         "rule_missed_iterations": total(m1, "prometheus_rule_group_iterations_missed_total"),
     }
+    if args.outage:
+        out["outage"] = outage_receiver(args, run, recv, recv_cmd, f"http://127.0.0.1:{agent_port}", nodes)
+        receiver = next(p for p in run.procs if p.args == recv_cmd and p.poll() is None)
     stop(scraper)
     time.sleep(2)
     reply = json.loads(
@@ -375,7 +422,7 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=15, help="scrape, evaluation and agent poll interval (s)")
     parser.add_argument("--duration", type=int, default=120, help="seconds measured per store")
     parser.add_argument("--store", choices=["vm", "prometheus", "both"], default="both")
-    parser.add_argument("--outage", type=int, default=0, help="stop victoria-metrics this long (s) after measuring")
+    parser.add_argument("--outage", type=int, default=0, help="stop the store this long (s) after measuring")
     parser.add_argument("--count-series", action="store_true", help="count the active series in VM (a heavy query)")
     parser.add_argument("--keep-dir", type=Path)
     parser.add_argument("--save", type=Path)

@@ -31,6 +31,7 @@ ROOT = HERE.parent
 ALERT_RULES = ROOT / "deploy" / "prometheus" / "gpuwatch-alerts.yml"
 RECORDING_RULES = ROOT / "deploy" / "prometheus" / "gpuwatch-rules.yml"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+ANNOTATION_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "gpuwatch-annotations-test.yml"
 COMMAND = "python docs/generate.py"
 
 
@@ -156,8 +157,12 @@ Every alert of `deploy/prometheus/gpuwatch-alerts.yml`, by rule group, generated
 `deploy/prometheus/gpuwatch-rules.yml` beside it: the alerts read their thresholds from its recording rules (below).
 Every alert carries a `severity` label and `summary`, `description` and `runbook_url` annotations; per-GPU alerts keep
 `instance`, `gpu` and `uuid`. `for` is how long the condition must hold before the alert fires (— : at the first
-evaluation). In summaries, `{label}` stands for that label's value. Alerts may be added; none is renamed
-(`tests/fixtures/spec-names.json` keeps the names first agreed).
+evaluation). Every summary names the node (`{node}`: the `node` label, else `instance`), the GPU by index and model,
+and the value with its unit and its limit. In summaries, `{label}` stands for that label's value, `{value}` for the
+alert's value, `{model}` for the GPU's model (looked up in `gpuwatch_gpu_info`), and `{expression}` for a value the
+summary looks up with the `query` template function (the `gpuwatch_` prefix and the alert's own label matchers left
+out); "Rendered" below shows real ones. Alerts may be added; none is renamed (`tests/fixtures/spec-names.json` keeps
+the names first agreed).
 """
 
 
@@ -166,9 +171,40 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
+# A `query` look-up with no look-up inside it: {{ with printf `EXPR` ARGS | query }}RENDER{{ else }}OTHER{{ end }}.
+_NO_BLOCK = r"(?:(?!\{\{ (?:with|if) ).)*?"
+_LOOKUP = re.compile(
+    r"\{\{ with (?:printf `(?P<expr>[^`]*)`[^}]*?\| query|query `(?P<plain>[^`]*)`) \}\}"
+    rf"(?P<render>{_NO_BLOCK})(?:\{{\{{ else \}}\}}(?P<other>{_NO_BLOCK}))?\{{\{{ end \}}\}}"
+)
+
+
+def _looked_up(expr: str) -> str:
+    """What a look-up's value is, for a reader: the expression less its selectors, last_over_time() (a device's
+    identity and limits are read as their last value in the hour) and the gpuwatch prefixes."""
+    expr = re.sub(r"last_over_time\(([^{(\s]+)\{[^}]*\}\[\w+\]\)", r"\1", expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"%(\[\d\])?s", "*", expr)
+    return "{" + re.sub(r"\bgpuwatch[:_]", "", expr) + "}"
+
+
+def _lookup(m: re.Match[str]) -> str:
+    expr = m["expr"] or m["plain"]
+    if expr.startswith("last_over_time(gpuwatch_gpu_info{"):
+        return "{model}"
+    render = re.sub(r'\{\{ \. \| first \| label "(\w+)" \}\}', r"{\1}", m["render"])
+    return re.sub(r"\{\{ \. \| first \| value[^}]*\}\}", lambda _: _looked_up(expr), render)
+
+
 def _summary(text: str) -> str:
+    """A summary template as a reader can take it in: `{label}` for a label, `{value}` for the alert's value,
+    `{model}` for the GPU's model, `{expression}` for a value looked up; what is left stays a template."""
+    while (simpler := _LOOKUP.sub(_lookup, text)) != text:
+        text = simpler
+    text = text.replace("{{ or $labels.node $labels.instance }}", "{node}")
     text = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", r"{\1}", text)
-    return re.sub(r"(\{\{.*?\}\})", r"`\1`", text)
+    text = re.sub(r"\{\{ \$value[^}]*\}\}", "{value}", text)
+    return re.sub(r"(\{\{.*?\}\})", r"`\1`", text).replace("|", "\\|")
 
 
 def _runbook(url: str) -> str:
@@ -206,6 +242,16 @@ def _thresholds() -> list[tuple[str, ...]]:
     return rows
 
 
+def _rendered() -> list[tuple[str, ...]]:
+    tests = _load(ANNOTATION_TESTS)["tests"]
+    return [
+        (f"`{case['alertname']}`", alert["exp_annotations"]["summary"])
+        for test in tests
+        for case in test["alert_rule_test"]
+        for alert in case["exp_alerts"]
+    ]
+
+
 def _inhibitions() -> list[tuple[str, ...]]:
     rules = _load(ALERTMANAGER)["inhibit_rules"]
     comments = _comments_above(ALERTMANAGER, r"- source_matchers:")
@@ -236,6 +282,14 @@ def render_alerts() -> str:
         ]
         out += [f"## {group['name']}", ""]
         out += _table(("alert", "severity", "for", "summary", "runbook"), rows)
+    out += [
+        "## Rendered",
+        "",
+        "Summaries as Prometheus renders them, from `deploy/prometheus/tests/gpuwatch-annotations-test.yml` (promtool",
+        "holds each word; vmalert renders the same templates). node-07 has a `node` label, n8:9845 has none.",
+        "",
+    ]
+    out += _table(("alert", "summary"), _rendered())
     out += [
         "## Thresholds",
         "",

@@ -60,6 +60,13 @@ def test_every_spec_alert_exists_with_its_severity_and_annotations() -> None:
         assert anchor == name.lower() and anchor in anchors, f"{name}: no section {anchor} in docs/runbooks.md"
 
 
+def _without_queries(template: str) -> str:
+    """A template less its `query` look-ups (whose arguments name the instance to look the value up for)."""
+    import re
+
+    return re.sub(r"\{\{ with printf `[^`]*`[^|}]*\| query \}\}", "", template)
+
+
 def test_summaries_name_the_node_not_the_scrape_address() -> None:
     """A page says which machine: the `node` label (deploy/prometheus/prometheus.yml sets it from the targets file or
     the target's host), falling back to `instance` where a scrape config has no node label. Only the fleet-wide
@@ -69,7 +76,57 @@ def test_summaries_name_the_node_not_the_scrape_address() -> None:
         if rule["alert"] == "GpuProbeRegressionFleetwide":
             continue
         assert "{{ or $labels.node $labels.instance }}" in summary, rule["alert"]
-        assert summary.count("$labels.instance") == 1, rule["alert"]
+        assert _without_queries(summary).count("$labels.instance") == 1, rule["alert"]
+
+
+# Alerts on a state, not a quantity: their summary names the state; there is no number with a unit to give.
+STATE_ALERTS = {
+    "GpuPowerCablesNotAttached",
+    "GpuRecoveryActionRequired",
+    "GpuRowRemapFailure",
+    "GpuRowRemapPending",
+    "GpuSramEccThresholdExceeded",
+    "GpuInforomCorrupted",
+    "GpuFabricNotRegistered",
+    "GpuLost",
+    "GpuwatchDown",
+    "GpuBackendDown",
+    "HostPsuRedundancyLost",
+}
+# Events (an XID, an SXID, a failed run): the value is how long ago; there is no limit to compare with.
+EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}
+MODEL_LOOKUP = (
+    "last_over_time(gpuwatch_gpu_info{instance=%[1]q,uuid=%[2]q}[1h])` $labels.instance $labels.uuid | query }}"
+)
+
+
+def test_summaries_name_the_gpu_its_model_the_value_and_the_limit() -> None:
+    """Issue 16: a page names the node, the GPU and its model, and the value with its unit and its limit. The model
+    is looked up in gpuwatch_gpu_info by the `query` template function (Prometheus and vmalert alike) rather than
+    joined into the alert: the alert's labels, so Alertmanager's grouping and inhibitions, stay as they were, and an
+    alert never waits on a second series. The rendered text is held in deploy/prometheus/tests/
+    gpuwatch-annotations-test.yml (promtool, below) and end to end in tests/test_alerts_e2e.py."""
+    for rule in shipped_alert_rules():
+        name, summary = rule["alert"], rule["annotations"]["summary"]
+        if "$labels.gpu " in summary:
+            assert "$labels.model" in summary or MODEL_LOOKUP in summary or "pci_bus_id=%[2]q" in summary, name
+        if name in STATE_ALERTS:
+            continue
+        assert "$value" in _without_queries(summary) or "| first | value |" in summary, name  # its own, or looked up
+        if name not in EVENT_ALERTS:
+            assert any(w in summary for w in ("limit", ", max ", " expected", " of {{ with")), name  # N of M up
+
+
+def test_rendered_annotations() -> None:
+    """promtool renders the shipped annotations (the shipped rule files unchanged) and compares them exactly."""
+    result = promtool("test", "rules", str(PROM_DIR / "tests" / "gpuwatch-annotations-test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    tests = yaml.safe_load((PROM_DIR / "tests" / "gpuwatch-annotations-test.yml").read_text())["tests"]
+    checked = {c["alertname"] for t in tests for c in t["alert_rule_test"] if c["exp_alerts"]}
+    groups = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())["groups"]
+    group_of = {r["alert"]: g["name"] for g in groups for r in g["rules"]}
+    assert {group_of[name] for name in checked} == {g["name"] for g in groups}, "a kind of alert left unrendered"
+    assert {"HostPsuRailUndervoltage", "HostPsuFailed", "GpuPowerCablesNotAttached"} <= checked
 
 
 def test_inhibition_targets_carry_the_labels_they_are_matched_on() -> None:

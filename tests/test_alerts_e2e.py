@@ -46,6 +46,38 @@ EXPECTED = {
 }
 INHIBITED = {("GpuTemperatureHigh", "node-001", "2"), ("GpuThermalThrottling", "node-001", "2")}
 SLOW_GPU = ("GpuUnderperforming", "node-004", "1")
+# The rendered summary of each delivered alert (issue 16): the node, the GPU and its model (looked up in
+# gpuwatch_gpu_info by the `query` template function), and the value with its unit and its limit.
+MODEL = "NVIDIA H100 80GB HBM3"  # the simulated node's GPUs (gpuwatch/simulated/physics.py)
+NUM = r"\d+(?:\.\d+)?"
+SUMMARIES = {
+    "GpuOverheating": rf"GPU {{gpu}} \({MODEL}\) on {{node}} is overheating at {NUM} °C, limit {NUM} °C "
+    r"\(its slowdown temperature\)",
+    "GpuMemoryTemperatureHigh": rf"GPU {{gpu}} \({MODEL}\) on {{node}} has its memory at {NUM} °C, limit {NUM} °C",
+    "GpuPowerBrakeSlowdown": rf"GPU {{gpu}} \({MODEL}\) on {{node}} was power-braked for {NUM} s in 5 minutes, "
+    "limit 0 s",
+    "GpuLost": rf"GPU {{gpu}} \({MODEL}\) on {{node}} is lost: no fresh reading for 2 minutes",
+    "GpuCountBelowExpected": r"{node} has fewer GPUs than expected: {detected} detected, {gpus} expected",
+    "GpuUnderperforming": rf"GPU {{gpu}} \({MODEL}\) on {{node}} computes at {NUM}% of its own \w+ baseline, "
+    "limit 95%",
+}
+
+
+def assert_summaries(notifications: list[dict[str, Any]], gpus: int) -> set[str]:
+    """Every delivered alert's summary is rendered whole and reads as SUMMARIES says (the fleet has `gpus` per node,
+    one of them lost); returns the alerts checked."""
+    checked = set()
+    for notification in notifications:
+        for alert in notification["alerts"]:
+            labels, summary = alert["labels"], alert["annotations"]["summary"]
+            assert "{{" not in summary and "<no value>" not in summary, summary
+            assert "uuid" not in labels or "model unknown" not in summary, summary
+            pattern = SUMMARIES.get(labels["alertname"])
+            if pattern is not None:
+                wanted = pattern.format(gpu=labels.get("gpu", ""), node=labels["node"], gpus=gpus, detected=gpus - 1)
+                assert re.fullmatch(wanted, summary), (summary, wanted)
+                checked.add(labels["alertname"])
+    return checked
 
 
 def scale_durations(text: str, factor: float) -> str:
@@ -254,6 +286,11 @@ def test_descriptions_carry_the_values(fleet_run: Outcome) -> None:
             assert "{{" not in annotations["description"] and "<no value>" not in annotations["description"]
             if alert["labels"]["alertname"] == "GpuOverheating":
                 assert re.search(r"at \d+(\.\d+)? °C", annotations["description"]), annotations["description"]
+
+
+def test_summaries_name_the_gpu_its_model_the_value_and_the_limit(fleet_run: Outcome) -> None:
+    """Prometheus renders the shipped summaries, `query` look-ups included, as an operator reads them."""
+    assert assert_summaries(fleet_run.hook.received, GPUS) == set(SUMMARIES)
 
 
 def test_slow_gpu_underperforming(fleet_run: Outcome) -> None:

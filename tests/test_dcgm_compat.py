@@ -17,15 +17,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from ports import free_port
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 from test_exposition_fast import ACCEPTS, library_and_fast
-
-try:  # branch tests (0964c31) moves free_port from conftest to tests/ports.py; either way, one helper
-    from ports import free_port
-except ImportError:
-    from conftest import free_port
 
 from gpuwatch.config import CompatSection, ConfigError, load_config
 from gpuwatch.dcgm_compat import NAMES, dcgm_extension

@@ -25,12 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-try:  # branch tests (0964c31) moves free_port from conftest to tests/ports.py; either way, one helper
-    from ports import free_port
-except ImportError:
-    from conftest import free_port
-
+from ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = json.loads((REPO / "tests" / "fixtures" / "dcgm-exporter-dashboard-queries.json").read_text())
