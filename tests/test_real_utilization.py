@@ -19,8 +19,8 @@ from simnode import SimAgent
 
 from gpuwatch.backends.amdsmi import AmdSmiBackend
 from gpuwatch.backends.nvml import NvmlBackend
-from gpuwatch.commands import _activity_lines
 from gpuwatch.exporter import families
+from gpuwatch.gpu_collector import _activity_lines
 from gpuwatch.model import GpuSample
 from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
@@ -143,12 +143,13 @@ def test_no_gpm_no_series_and_check_says_why(release: str) -> None:
             store.record_poll(readings)
         samples = [r.sample for r in readings if r.sample is not None]
         able, missing = backend.activity_support()
-        lines = _activity_lines(backend, 2)
+        lines = _activity_lines(backend, 2, "real utilization (nvml)")
         assert driver._gpm_samples == {}  # nothing allocated for a GPU without GPM
     assert all(s.sm_active_ratio is None and not s.pipe_active_ratio and not s.active_seconds_total for s in samples)
     assert all(s.utilization_ratio == 1.0 for s in samples)
     assert able == 0 and [index for index, _ in missing] == [0, 1]
-    assert len(lines) == 1 and lines[0][0] == "warn" and "GPU 0, 1: " in lines[0][1] and "Hopper" in lines[0][1]
+    assert len(lines) == 1 and lines[0].level == "warn" and "GPU 0, 1: " in lines[0].detail
+    assert "Hopper" in lines[0].detail and lines[0].fix
     names = {metric.name for metric in families(store.snapshot())}
     assert "gpuwatch_gpu_utilization_ratio" in names
     ours = {
