@@ -350,3 +350,24 @@ def test_a_real_hidepid_mount_is_read_as_the_kernel_means_it(option: str, other_
     """proc(5), hidepid: "invisible" (2) hides other users' /proc/PID (ENOENT, as for an exited process, so the
     mount option tells them apart), "noaccess" (1) denies access (EACCES); root is exempt and reads everything."""
     assert _real_hidepid(option) == [other_user, "process:nobody None"]
+
+
+def test_check_says_when_workloads_would_be_unknown(tmp_path: Path) -> None:
+    """`gpuwatch check` warns, with the remedy, for a procfs root with no procfs, and for a container's own /proc;
+    a procfs of the host's namespace (NSpid with the ancestor's PID first) is ok."""
+    from gpuwatch.sources import NodeSources
+    from gpuwatch.workloads.collector import check
+
+    sources = NodeSources([], lambda: {}, None)
+    own, ancestor = tmp_path / "own", tmp_path / "ancestor"
+    _self(own, nspid="7")
+    (own / "self" / "ns").mkdir()
+    (own / "self" / "ns" / "pid").write_text("")
+    _self(ancestor, nspid="81234\t7")
+    lines = {
+        name: check(load_config(None, {"workloads": {"procfs_root": str(root)}}), sources, "workloads")
+        for name, root in (("none", tmp_path / "empty"), ("own", own), ("ancestor", ancestor))
+    }
+    assert [line.level for line in lines["none"]] == ["warn"] and "procfs_root" in lines["none"][0].fix
+    assert [line.level for line in lines["own"]] == ["warn"] and "hostPID" in lines["own"][0].fix
+    assert [line.level for line in lines["ancestor"]] == ["ok"]

@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwatch.collector import CollectorContext, Every
+from gpuwatch.collector import CheckLine, CollectorContext, Every
+from gpuwatch.config import Config
+from gpuwatch.latch import Latch
 from gpuwatch.model import GpuSample, GpuWorkload
+from gpuwatch.sources import NodeSources
 from gpuwatch.workloads.cgroup import Workload
 from gpuwatch.workloads.procfs import ProcessOwner, Procfs, Unreadable, UserNames
 
@@ -78,7 +81,7 @@ class WorkloadsCollector:
         self._checked: Path | None = None  # the procfs root whose namespace and hidepid were looked at
         self._host_pids = False
         self._hidepid: str | bool | None = False  # False: not looked up yet
-        self._said: set[str] = set()
+        self._said = Latch(log)  # each problem said once: it holds until the agent's mounts change
         self._users = UserNames(clock=context.monotonic)
 
     @property
@@ -134,10 +137,45 @@ class WorkloadsCollector:
         return owner if isinstance(owner, ProcessOwner) else None
 
     def _say_once(self, key: str, message: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            log.warning("workloads: %s", message)
+        self._said.fail("workloads: %s", message, key=key)
 
 
 def collectors(context: CollectorContext, name: str) -> list[WorkloadsCollector]:
     return [WorkloadsCollector(context)]
+
+
+def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
+    """`gpuwatch check`: whether the GPU processes' /proc entries can be read here (docs/workloads.md)."""
+    procfs = sources.procfs if sources.procfs is not None else Procfs(Path(config.workloads.procfs_root))
+    what = f"workloads {procfs.root}" if sources.procfs is None else "workloads"
+    if not (procfs.root / "self" / "status").exists():
+        return [
+            CheckLine(
+                "warn",
+                what,
+                "no procfs there: every GPU process's workload is exported as unknown",
+                "set workloads.procfs_root to the host's /proc (or a mount of it)",
+            )
+        ]
+    if not procfs.pids_are_host():
+        return [
+            CheckLine(
+                "warn",
+                what,
+                "not the host's PID namespace: workloads are exported as unknown (pid_namespace)",
+                "run the agent with the host PID namespace (hostPID: true, --pid=host) or set workloads.procfs_root "
+                "to a mount of the host's /proc",
+            )
+        ]
+    hidden = procfs.hides_others()
+    if hidden is not None:
+        return [
+            CheckLine(
+                "warn",
+                what,
+                f"mounted hidepid={hidden}: other users' GPU processes are exported as unknown (hidden)",
+                "under systemd install systemd/drop-ins/workloads.conf (ProtectProc=default); docs/workloads.md",
+            )
+        ]
+    limit = config.workloads.max_per_gpu
+    return [CheckLine("ok", what, f"the host's PID namespace, readable; at most {limit} workloads per GPU")]
