@@ -1,8 +1,8 @@
 """The service: composes the collectors (gpu_collector, events, host, probe), the store, the exposition and the HTTP
 server, and runs start, stop, reload and health.
 
-The poll job runs on an APScheduler BackgroundScheduler (one instance at a time, missed runs coalesced), so a slow or
-hung vendor call delays only the next poll — never a scrape, which reads the store.
+The poll job runs on gpuwatch.schedule (its own thread: one run at a time, missed runs coalesced), so a slow or hung
+vendor call delays only the next poll — never a scrape, which reads the store.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuwatch.collector import CollectorContext, Collectors
@@ -27,6 +25,7 @@ from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
 from gpuwatch.gpu_collector import VendorCollectors
 from gpuwatch.probe.collector import ProbeCollector
 from gpuwatch.probe.runner import ProbeRunner
+from gpuwatch.schedule import IntervalScheduler
 from gpuwatch.sdnotify import ServiceNotifier
 from gpuwatch.sources import BackendSlot, NodeSources
 from gpuwatch.startup import claim_state_dir, live_part, watchdog_problem
@@ -35,11 +34,13 @@ from gpuwatch.statefile import KnownGpus
 from gpuwatch.status_page import gpu_health, render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
-from gpuwatch.webconfig import apply_web_config
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.5
+# Serving waits this long at most for the first poll, so the first scrape is complete (not a node without GPUs);
+# a vendor call that hangs at start-up delays serving only this much (/healthz then says the poll is stuck).
+FIRST_POLL_WAIT_SECONDS = 2.0
 
 
 class Agent:
@@ -64,8 +65,9 @@ class Agent:
         self._known = KnownGpus(config.state_dir)
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.statedir)
         self._stop = threading.Event()
+        self._first_poll = threading.Event()
         self._reload_requested = threading.Event()
-        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler: IntervalScheduler | None = None
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -98,33 +100,29 @@ class Agent:
         metrics = cached_metrics_app(CachedExposition(self.store), make_wsgi_app(self.registry))  # bursts share renders
         page = lambda: render_status_page(self.store.snapshot())  # noqa: E731
         app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
-        app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78
+        wrap_socket = None
+        if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
+            from gpuwatch.webconfig import apply_web_config
+
+            app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError 78
         self._http = HttpServer(host, port, app, wrap_socket)
         self.collectors.register()
         if self.probe is not None:
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
         self._start_scheduler()
         self.collectors.start_threads()  # xid_events: a thread per vendor backend
+        self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
         self._http.start()
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
 
     def _start_scheduler(self) -> None:
-        scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
-        scheduler.add_job(
-            self.poll_once,
-            "interval",
-            seconds=self.config.agent.poll_interval_seconds,
-            id="poll",
-            next_run_time=None,
-        )
+        scheduler = IntervalScheduler()
+        # The first poll runs at once so the first scrape is complete.
+        scheduler.add_job("poll", self.config.agent.poll_interval_seconds, self.poll_once)
         # hwmon, ipmi, probe: their own jobs and intervals, never on the scrape path
         self.collectors.add_jobs(scheduler, except_jobs=("poll",))
         scheduler.start()
-        # The first poll runs at once so the first scrape is complete.
-        job = scheduler.get_job("poll")
-        if job is not None:
-            job.modify(next_run_time=datetime.now().astimezone())
         self._scheduler = scheduler
 
     def run_until_signalled(self) -> None:
@@ -151,7 +149,7 @@ class Agent:
         self._notifier.stopping()
         self._stop.set()
         if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+            self._scheduler.shutdown()
             self._scheduler = None
         if self.probe is not None:
             self.probe.stop()  # SIGKILL any probe child still running
@@ -180,7 +178,10 @@ class Agent:
 
     def poll_once(self) -> None:
         """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
-        self.collectors.run_job("poll")
+        try:
+            self.collectors.run_job("poll")
+        finally:
+            self._first_poll.set()
         self._known.remember(self.store.identities().values())
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
 
@@ -239,7 +240,7 @@ class Agent:
         self._update_expected()
         self.collectors.register()  # the vendors' interval is the poll interval
         if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:
-            self._scheduler.reschedule_job("poll", trigger="interval", seconds=new.agent.poll_interval_seconds)
+            self._scheduler.reschedule("poll", new.agent.poll_interval_seconds)
         log.info("configuration reloaded from %s", new.source)
 
 

@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuwatch.registry import REGISTRY
 
 if TYPE_CHECKING:
     from gpuwatch.config import Config
+    from gpuwatch.schedule import IntervalScheduler
     from gpuwatch.sources import BackendSlot, NodeSources
     from gpuwatch.store import SampleStore
 
@@ -134,12 +134,10 @@ class Collectors:
                 out.setdefault(collector.schedule.job, (collector.interval_seconds, collector.schedule.first_run_now))
         return out
 
-    def add_jobs(self, scheduler: Any, *, except_jobs: tuple[str, ...] = ()) -> None:
+    def add_jobs(self, scheduler: IntervalScheduler, *, except_jobs: tuple[str, ...] = ()) -> None:
         for job, (seconds, now) in self.jobs().items():
             if job not in except_jobs:
-                first = datetime.now().astimezone() if now else None
-                kwargs = {"next_run_time": first} if first is not None else {}
-                scheduler.add_job(self.run_job, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
+                scheduler.add_job(job, seconds, self.run_job, job, first_run_now=now)
 
     def start_threads(self) -> None:
         for collector in self.all:

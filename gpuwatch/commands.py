@@ -32,7 +32,7 @@ EXIT_CONFIG = 78
 
 def version() -> int:
     print(f"gpuwatch {__version__} (Python {platform.python_version()})")
-    for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "APScheduler", "psutil"):
+    for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "psutil"):
         print(f"  {package}: {_package_version(package) or 'not installed'}")
     try:
         from gpuwatch.backends.nvml import NvmlBackend, load_pynvml

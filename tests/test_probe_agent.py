@@ -1,4 +1,4 @@
-"""The agent process runs the probe on its own schedule (APScheduler job) and serves the results."""
+"""The agent process runs the probe on its own schedule (a gpuwatch.schedule job) and serves the results."""
 
 from __future__ import annotations
 

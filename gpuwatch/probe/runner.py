@@ -40,7 +40,6 @@ from gpuwatch.probe.children import (
     pid_namespace_inode,
     worker_argv,
 )
-from gpuwatch.probe.engines import available_engines
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.readings import (
     SpeedLog,
@@ -68,6 +67,13 @@ NOT_HOST_PID_NAMESPACE = (
 )
 
 
+def _available_engines() -> list[str]:
+    """The engines installed; probe/engines.py is imported only when asked, so the agent holds no engine code."""
+    from gpuwatch.probe.engines import available_engines
+
+    return available_engines()
+
+
 class ProbeRunner:
     """Runs probes for the agent (scheduled) and for `gpuwatch probe`; results go to the store and the baselines."""
 
@@ -81,7 +87,7 @@ class ProbeRunner:
         worker_command: Sequence[str] | None = None,
         clock: Callable[[], float] = time.time,
         progress: Callable[[str], None] | None = None,
-        engines: Callable[[], list[str]] = available_engines,
+        engines: Callable[[], list[str]] | None = None,  # default: the engines installed (probe/engines.py)
         pid_namespace_inode: Callable[[], int | None] = lambda: pid_namespace_inode(PID_NAMESPACE_PATH),
         memory_limit_bytes: int = WORKER_MEMORY_LIMIT_BYTES,
     ) -> None:
@@ -93,7 +99,7 @@ class ProbeRunner:
         self._command = list(worker_command) if worker_command is not None else worker_argv()
         self._clock = clock
         self._progress = progress
-        self._engines = engines
+        self._engines = engines or _available_engines
         self._pid_namespace_inode = pid_namespace_inode
         self._namespace_logged = False
         self._fallbacks_logged: set[str] = set()  # an engine fallback is logged once, then only noted per result
