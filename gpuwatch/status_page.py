@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import html
 import socket
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuwatch import __version__
 from gpuwatch.model import GpuIdentity, GpuSample
-from gpuwatch.probe.baseline import PROBES_TO_ESTABLISH
+from gpuwatch.probe.baseline import PROBES_TO_ESTABLISH, median
 from gpuwatch.store import StoreSnapshot
 from gpuwatch.thresholds import threshold
 from gpuwatch.verdict import (
@@ -221,7 +220,7 @@ def _peer_ratio(view: GpuView) -> float | None:
     ]
     if len(peers) < PEER_MIN_GPUS:
         return None
-    return mine.measured.flops_median / statistics.median(peers)
+    return mine.measured.flops_median / median(peers)
 
 
 def _probe_ratio(view: GpuView) -> float | None:

@@ -41,6 +41,7 @@ from gpuwatch.probe.children import (
     worker_argv,
 )
 from gpuwatch.probe.locks import try_lock, unlock
+from gpuwatch.probe.protocol import CAPPED_LINE, EXIT_NO_ENGINE
 from gpuwatch.probe.readings import (
     SpeedLog,
     _at_power_cap,
@@ -50,7 +51,6 @@ from gpuwatch.probe.readings import (
     _unsupported,
     held_down,
 )
-from gpuwatch.probe.worker import CAPPED_LINE, EXIT_NO_ENGINE
 from gpuwatch.probebook import ProbeOutcome, WorkerResult
 from gpuwatch.store import SampleStore
 

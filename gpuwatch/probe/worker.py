@@ -23,10 +23,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuwatch.probe.protocol import CAPPED_LINE, EXIT_NO_ENGINE
+
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_NO_ENGINE = 3
-CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
 
 # The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
 SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
