@@ -183,8 +183,8 @@ def summary(report: dict[str, Any]) -> str:
     for gpus, runs in report["gpus"].items():
         gw, nv = runs["gpuwatch"], runs["nvitop-exporter"]
         lines += [
-            f"\n{gpus} GPU(s), {len(gw)} rounds | gpuwatch (median) | nvitop-exporter (median) | "
-            "ratio min / median / max",
+            f"\n| {gpus} GPU(s), {len(gw)} rounds | gpuwatch (median) | nvitop-exporter (median) | "
+            "ratio min / median / max |",
             "|---|---|---|---|",
         ]
         for key, title, fmt in ROWS:
