@@ -125,11 +125,16 @@ class Agent:
         scheduler.start()
         self._scheduler = scheduler
 
-    def run_until_signalled(self) -> None:
-        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+    def handle_signals(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads: installed before `start`, so a signal that comes as soon as the port
+        answers (the first poll done) is a clean stop, never a KeyboardInterrupt inside start-up."""
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
+
+    def run_until_signalled(self) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+        self.handle_signals()
         while not self._stop.wait(0.2):
             if self._reload_requested.is_set():
                 self._reload_requested.clear()

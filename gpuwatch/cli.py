@@ -323,6 +323,7 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
 
     _setup_logging(config.agent.log_level)
     agent = Agent(config, build_sources(config), reload_config=load_for_reload(path, overrides))
+    agent.handle_signals()
     try:
         agent.start()
     except (StartupError, ListenError) as exc:
