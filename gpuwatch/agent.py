@@ -38,11 +38,13 @@ from gpuwatch.status_findings import gpu_health
 from gpuwatch.status_page import render_status_page
 from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 from gpuwatch.web import HttpServer, make_app
-from gpuwatch.webconfig import apply_web_config
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.5
+# Serving waits this long at most for the first poll, so the first scrape is complete (not a node without GPUs);
+# a vendor call that hangs at start-up delays serving only this much (/healthz then says the poll is stuck).
+FIRST_POLL_WAIT_SECONDS = 2.0
 
 
 class Agent:
@@ -67,6 +69,7 @@ class Agent:
         self._known = KnownGpus(config.state_dir)
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.statedir)
         self._stop = threading.Event()
+        self._first_poll = threading.Event()
         self._reload_requested = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
         self._http: HttpServer | None = None
@@ -104,13 +107,18 @@ class Agent:
         metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
         page = lambda: render_status_page(self.store.snapshot())  # noqa: E731
         app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
-        app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError = 78
+        wrap_socket = None
+        if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
+            from gpuwatch.webconfig import apply_web_config
+
+            app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError 78
         self._http = HttpServer(host, port, app, wrap_socket)
         self.collectors.register()
         if self.probe is not None:
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
         self._start_scheduler()
         self.collectors.start_threads()  # xid_events: a thread per vendor backend
+        self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
         self._http.start()
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
@@ -133,11 +141,16 @@ class Agent:
             job.modify(next_run_time=datetime.now().astimezone())
         self._scheduler = scheduler
 
-    def run_until_signalled(self) -> None:
-        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+    def handle_signals(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads: installed before `start`, so a signal that comes as soon as the port
+        answers (the first poll done) is a clean stop, never a KeyboardInterrupt inside start-up."""
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
+
+    def run_until_signalled(self) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+        self.handle_signals()
         while not self._stop.wait(0.2):
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
@@ -186,7 +199,10 @@ class Agent:
 
     def poll_once(self) -> None:
         """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
-        self.collectors.run_job("poll")
+        try:
+            self.collectors.run_job("poll")
+        finally:
+            self._first_poll.set()
         self._known.remember(self.store.identities().values())
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
 

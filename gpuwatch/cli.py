@@ -225,8 +225,6 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # APScheduler warns on every skipped run while a poll hangs; the agent reports that itself, once.
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,9 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from gpuwatch import commands
-
+    # Each command imports what it uses: `run` never loads the one-shot commands' host report and verdicts (RSS).
     if args.command == "version":
+        from gpuwatch import commands
+
         return commands.version()
     if args.command == "simulate-fleet":
         from gpuwatch.simulated.fleet import simulate_fleet
@@ -287,10 +286,10 @@ def _dispatch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return _run_agent(config, path, overrides, announce=False)
-    if args.command == "snapshot":
-        return commands.snapshot(config, as_json=args.json)
-    if args.command == "check":
-        return commands.check(config)
+    if args.command in ("snapshot", "check"):
+        from gpuwatch import commands
+
+        return commands.snapshot(config, as_json=args.json) if args.command == "snapshot" else commands.check(config)
     if args.command == "probe":
         from gpuwatch.probe_command import probe
 
@@ -334,6 +333,7 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
 
     _setup_logging(config.agent.log_level)
     agent = Agent(config, build_sources(config), reload_config=load_for_reload(path, overrides))
+    agent.handle_signals()
     try:
         agent.start()
     except (StartupError, ListenError) as exc:

@@ -28,7 +28,7 @@ from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_li
 
 def version() -> int:
     print(f"gpuwatch {__version__} (Python {platform.python_version()})")
-    for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "APScheduler", "psutil"):
+    for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "psutil"):
         print(f"  {package}: {_package_version(package) or 'not installed'}")
     try:
         from gpuwatch.backends.nvml import NvmlBackend, load_pynvml

@@ -20,6 +20,12 @@ from gpuwatch.store import SampleStore, StoreSnapshot
 from gpuwatch.xid import xid_label
 
 
+class _Out(Protocol):
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
+
+    def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None: ...
+
+
 class _Families:
     """Creates each family from the catalogue on first use and yields only those that got samples."""
 
@@ -36,6 +42,11 @@ class _Families:
             family = cls(name, spec.help, labels=list(spec.labels))
             self._families[name] = family
         family.add_metric(list(labels), float(value))
+
+    def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None:
+        """A sample per item, in key order: labels `head` + the key (a label value, or a tuple of them)."""
+        for key, value in sorted(values.items()):
+            self.add(name, head + (key if isinstance(key, tuple) else (key,)), value)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
@@ -55,9 +66,18 @@ class GpuwatchCollector(Collector):
 
 
 def families(snap: StoreSnapshot, extension: Extension | None = None) -> Iterator[Metric]:
-    """Every family of one store snapshot (and the `extension`'s of them); the exposition cache renders a given
-    snapshot through this."""
+    """Every family of one store snapshot as prometheus_client objects (for the library's encoders), and the
+    `extension`'s made of them ([compat])."""
     out = _Families()
+    export(snap, out)
+    own = list(out)
+    yield from own
+    if extension is not None:
+        yield from extension(own)
+
+
+def export(snap: StoreSnapshot, out: _Out) -> None:
+    """Every sample of one store snapshot into `out`, family by family in a fixed order (the exposition's order)."""
     out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
     _self_health(snap, out)
     for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
@@ -84,13 +104,9 @@ def families(snap: StoreSnapshot, extension: Extension | None = None) -> Iterato
             out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
     export_interval(snap.probe, out)
     _host(snap, out)
-    own = list(out)
-    yield from own
-    if extension is not None:
-        yield from extension(own)
 
 
-def _self_health(snap: StoreSnapshot, out: _Families) -> None:
+def _self_health(snap: StoreSnapshot, out: _Out) -> None:
     for backend, (up, _message) in sorted(snap.backends.items()):
         out.add("gpuwatch_backend_up", (backend,), up)
     detected = {_physical_gpu(identity) for uuid, identity in snap.identities.items() if snap.fresh(uuid) is not None}
@@ -122,7 +138,7 @@ def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
     return (identity.vendor, device) if device else (identity.vendor, identity.uuid)
 
 
-def _host(snap: StoreSnapshot, out: _Families) -> None:
+def _host(snap: StoreSnapshot, out: _Out) -> None:
     """Host rails, supplies, temperatures and fans of every fresh host source (hwmon, ipmi)."""
     powered: set[str] = set()
     for sample in snap.host:
@@ -146,7 +162,7 @@ def _host(snap: StoreSnapshot, out: _Families) -> None:
     out.add("gpuwatch_host_psu_redundancy_lost", (), any(verdicts) if verdicts else None)
 
 
-def _info(identity: GpuIdentity, out: _Families) -> None:
+def _info(identity: GpuIdentity, out: _Out) -> None:
     labels = (
         str(identity.index),
         identity.uuid,
@@ -160,17 +176,12 @@ def _info(identity: GpuIdentity, out: _Families) -> None:
     out.add("gpuwatch_gpu_info", labels, 1)
 
 
-def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Families) -> None:
-    def each(name: str, values: dict[str, Any]) -> None:
-        for label, value in sorted(values.items()):
-            out.add(name, (*gpu, label), value)
-
-    def each_pair(name: str, values: dict[tuple[str, str], Any]) -> None:
-        for labels, value in sorted(values.items()):
-            out.add(name, (*gpu, *labels), value)
+def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
+    def each(name: str, values: dict[Any, Any]) -> None:
+        out.add_each(name, gpu, values)
 
     each("gpuwatch_gpu_temperature_celsius", s.temperature_celsius)
-    each_pair("gpuwatch_gpu_temperature_threshold_celsius", s.temperature_threshold_celsius)
+    each("gpuwatch_gpu_temperature_threshold_celsius", s.temperature_threshold_celsius)
     each("gpuwatch_gpu_fan_speed_ratio", s.fan_speed_ratio)
     each("gpuwatch_gpu_clock_hertz", s.clock_hertz)
     each("gpuwatch_gpu_clock_max_hertz", s.clock_max_hertz)
@@ -209,11 +220,11 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     out.add("gpuwatch_gpu_pcie_link_recoveries_total", gpu, s.pcie_link_recoveries_total)
     each("gpuwatch_gpu_pcie_errors_total", s.pcie_errors_total)
     each("gpuwatch_gpu_nvlink_up", s.nvlink_up)
-    each_pair("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)
+    each("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)
     _activity(gpu, s, out)
 
 
-def _activity(gpu: tuple[str, str], s: GpuSample, out: _Families) -> None:
+def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
     """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
     out.add("gpuwatch_gpu_sm_active_ratio", gpu, s.sm_active_ratio)
     out.add("gpuwatch_gpu_sm_occupancy_ratio", gpu, s.sm_occupancy_ratio)
@@ -230,10 +241,6 @@ def _activity(gpu: tuple[str, str], s: GpuSample, out: _Families) -> None:
         out.add("gpuwatch_gpu_pcie_bytes_total", (*gpu, direction), total)
     for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
         out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
-
-
-class _Out(Protocol):
-    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
 
 
 def export_interval(view: ProbeView, out: _Out) -> None:

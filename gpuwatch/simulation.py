@@ -10,21 +10,19 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import Backend
-from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.config import Config
 from gpuwatch.kmsg import KernelLogXidReader
-from gpuwatch.simulated.amdsmi_binding import binding_package
-from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
-from gpuwatch.simulated.bindings import simulated_pynvml
-from gpuwatch.simulated.host_sensors import simulated_host_sources
-from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
-from gpuwatch.simulated.procfs import SimulatedProcfs
-from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.sources import BackendSlot, NodeSources, build_node_sources
 from gpuwatch.workloads.procfs import Procfs
+
+# The simulator and the AMD backend are imported where used: an agent on real GPUs loads no simulated module, and a
+# simulated NVIDIA node no AMD one (each a few MiB of RSS).
+if TYPE_CHECKING:
+    from gpuwatch.backends.amdsmi import AmdSmiBackend
+    from gpuwatch.simulated.scenarios import SimulatedNode
 
 __all__ = [
     "VERSION_ENV",
@@ -64,6 +62,10 @@ def simulated_sources(
     clock: Callable[[], float] | None = None,
 ) -> NodeSources:
     """The simulated node's sources: one vendor slot, its PCI counts, its host sensors, its probe worker."""
+    from gpuwatch.simulated.host_sensors import simulated_host_sources
+    from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
+    from gpuwatch.simulated.scenarios import SimulatedNode
+
     sim = config.simulated
     node = node or SimulatedNode(scenario=sim.scenario, gpus=sim.gpus, vendor=sim.vendor)
     slot = simulated_slot(node, clock=clock)
@@ -79,6 +81,8 @@ def simulated_sources(
 def simulated_procfs(node: SimulatedNode) -> Procfs:
     """The node's GPU processes in a temporary procfs (Slurm jobs, pods, a container, a unit, a process), read as
     the host's PID namespace; the view holds the directory for as long as it is used."""
+    from gpuwatch.simulated.procfs import SimulatedProcfs
+
     sim = SimulatedProcfs(node)
     return Procfs(sim.root, host_pids=True, keep=sim)
 
@@ -87,6 +91,9 @@ def simulated_slot(node: SimulatedNode, *, clock: Callable[[], float] | None = N
     """The node's vendor backend: NVML over the simulated libnvml, or AMD SMI over the simulated libamd_smi.so."""
     if node.vendor == "amd":
         return simulated_amd_slot(node, clock=clock)
+    from gpuwatch.backends.nvml import NvmlBackend
+    from gpuwatch.simulated.bindings import simulated_pynvml
+
     lib = simulated_pynvml(node)
     if clock is None:
         return BackendSlot("nvml", "nvidia", lambda: NvmlBackend(lib))
@@ -101,6 +108,9 @@ def simulated_release() -> str | None:
 def simulated_amd_backend(node: SimulatedNode, *, clock: Callable[[], float] | None = None) -> AmdSmiBackend:
     """AMD's amdsmi package over the node's simulated libamd_smi.so, of the release the agent would pick; without
     the amdsmi package: BackendUnavailable saying how to install it."""
+    from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
+    from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
+
     lib = load_amdsmi(lambda: simulated_amdsmi(node, binding=simulated_release()))
     return AmdSmiBackend(lib) if clock is None else AmdSmiBackend(lib, clock=clock)
 
@@ -109,6 +119,8 @@ def simulated_amd_slot(node: SimulatedNode, *, clock: Callable[[], float] | None
     """The real AMD SMI backend over AMD's ``amdsmi`` package on this node's simulated libamd_smi.so."""
     release = simulated_release()
     if release is not None:  # a release asked for by name must be there at start-up
+        from gpuwatch.simulated.amdsmi_binding import binding_package
+
         try:
             binding_package(release)
         except (FileNotFoundError, ModuleNotFoundError) as exc:
@@ -118,3 +130,12 @@ def simulated_amd_slot(node: SimulatedNode, *, clock: Callable[[], float] | None
         return simulated_amd_backend(node, clock=clock)
 
     return BackendSlot("amdsmi", "amd", factory)
+
+
+def __getattr__(name: str) -> Any:
+    """``SimulatedNode`` (in __all__), imported only when asked for."""
+    if name == "SimulatedNode":
+        from gpuwatch.simulated.scenarios import SimulatedNode
+
+        return SimulatedNode
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.config import Config
 from gpuwatch.host.collectors import HostSource, build_host_sources
@@ -97,6 +96,8 @@ def amd_slot(offset: Callable[[], int]) -> BackendSlot:
     """The real AMD SMI backend; importing amdsmi happens at each (re)open, so ROCm installed later is found."""
 
     def factory() -> Backend:
+        from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi  # only on a node with AMD GPUs
+
         return AmdSmiBackend(load_amdsmi(), index_offset=offset)
 
     return BackendSlot("amdsmi", "amd", factory)
@@ -105,6 +106,8 @@ def amd_slot(offset: Callable[[], int]) -> BackendSlot:
 def amd_versions() -> dict[str, str]:
     """For ``gpuwatch version``: the amdsmi package and, where ROCm is installed, the host library's versions and
     whether the two belong together; a missing library is said, never raised."""
+    from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
+
     try:
         backend = AmdSmiBackend(load_amdsmi())
     except BackendUnavailable as exc:

@@ -5,10 +5,10 @@ The page's HTML is gpuwatch/status_page.py; this module decides, that one draws.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.probe.baseline import median
 from gpuwatch.store import StoreSnapshot
 from gpuwatch.thresholds import threshold
 from gpuwatch.verdict import LEVELS, Finding, judge_gpu, judge_host, judge_unusable, judge_xids
@@ -182,7 +182,7 @@ def _peer_ratio(view: GpuView) -> float | None:
     ]
     if len(peers) < PEER_MIN_GPUS:
         return None
-    return mine.measured.flops_median / statistics.median(peers)
+    return mine.measured.flops_median / median(peers)
 
 
 def probe_ratio(view: GpuView) -> float | None:

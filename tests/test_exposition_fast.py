@@ -1,5 +1,6 @@
-"""The fast encoder against its oracle: prometheus_client's own encoders, byte for byte, for every scenario of both
-vendors and every format a scraper can ask for; and the hand-back to the library for what it does not write."""
+"""The fast encoders against their oracle: prometheus_client's own encoders, byte for byte, for every scenario of both
+vendors and every format a scraper can ask for, and for any label values and numbers (hypothesis); and the hand-back
+to the library for what they do not write."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from simnode import SimAgent
 
-from gpuwatch.exporter import GpuwatchCollector
-from gpuwatch.exposition_fast import fast_format, render
+from gpuwatch.exporter import GpuwatchCollector, export
+from gpuwatch.exposition_fast import SeriesLines, fast_format, render
+from gpuwatch.metrics import CATALOGUE
 from gpuwatch.scenario_catalogue import SCENARIOS
 
 ACCEPTS = {
@@ -46,9 +48,12 @@ def test_every_scenario_renders_exactly_as_the_library_does(tmp_path: Path, scen
     try:
         sim.run(6.0)
         collector = GpuwatchCollector(sim.agent.store)
+        lines = SeriesLines()
+        export(sim.agent.store.snapshot(), lines)
         for what, accept in ACCEPTS.items():
             library, fast = library_and_fast(collector, accept)
             assert fast == library, f"{scenario}/{vendor}, {what}"
+            assert lines.body(fast_format(choose_encoder(accept)[0]) or "") == library, f"{scenario}/{vendor}, {what}"
     finally:
         sim.close()
 
@@ -149,3 +154,63 @@ def test_property_any_label_value_help_and_number_render_as_the_library_does(fam
     for accept in ACCEPTS.values():
         library, fast = library_and_fast(_Families(families), accept)
         assert fast == library, accept
+
+
+_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**63), max_value=2**64),
+    st.booleans(),
+    st.sampled_from([0.0, -0.0, 1e6, 9999999.0, 12345678.9, 123456.789, 1e16, 85899345920, 5e-324, -1234567.5]),
+    st.sampled_from([1023, 1024, True, False]),
+)
+_SAMPLES = st.lists(
+    st.tuples(
+        st.sampled_from(sorted(CATALOGUE)),
+        st.lists(st.text(max_size=8) | st.sampled_from(["0", 'a"b', "a\\b", "a\nb", "ü✓"]), min_size=8, max_size=8),
+        _NUMBERS,
+        st.booleans(),
+    ),
+    max_size=40,
+)
+
+
+class _Library(Collector):
+    """The same samples as prometheus_client objects, made the way gpuwatch.exporter makes them."""
+
+    def __init__(self, samples: list[tuple[str, tuple[str, ...], float]]) -> None:
+        self.samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        made: dict[str, Metric] = {}
+        for name, labels, value in self.samples:
+            spec = CATALOGUE[name]
+            if name not in made:
+                cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+                made[name] = cls(name, spec.help, labels=list(spec.labels))
+            made[name].add_metric(list(labels), float(value))  # type: ignore[attr-defined]
+        return iter(made.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=_SAMPLES)
+def test_any_labels_and_numbers_render_as_the_library_does(samples: list[tuple[str, list[str], float, bool]]) -> None:
+    """Label values with quotes, backslashes, newlines and non-ASCII; every float (inf, nan, -0.0, Go's exponents),
+    ints and bools; samples added one by one or as a dict (`add_each`), prefixes remembered across examples."""
+    lines = SeriesLines()
+    added: list[tuple[str, tuple[str, ...], float]] = []
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for name, values, number, as_dict in samples:
+        labels = tuple(values[: len(CATALOGUE[name].labels)])
+        if (name, labels) in seen:
+            continue  # one sample per series, as the exporter writes
+        seen.add((name, labels))
+        if as_dict and labels:
+            lines.add_each(name, labels[:-1], {labels[-1]: number})
+        else:
+            lines.add(name, labels, number)
+        added.append((name, labels, number))
+    for accept in ACCEPTS.values():
+        encoder, _ = choose_encoder(accept)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Library(added))
+        assert lines.body(fast_format(encoder) or "") == encoder(registry), accept

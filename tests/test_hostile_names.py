@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from hostfixtures import add_chip
-from prometheus_client.core import GaugeMetricFamily
 
-from gpuwatch import exposition_cache
 from gpuwatch.exposition_cache import CachedExposition
 from gpuwatch.host.hwmon import HwmonReader
 from gpuwatch.host.ipmi import IpmiReader, LocalBmc
+from gpuwatch.model import HostReadingValue, HostSample
 from gpuwatch.store import SampleStore
 
 SENSOR = b"12V\xff\xfe | 12.100 | Volts | ok | na | 10.8 | 11.2 | 12.8 | 13.2 | na\n"
@@ -45,13 +44,16 @@ def test_a_non_utf8_hwmon_directory_name_gives_encodable_labels(tmp_path: Path) 
     assert any("\ufffd" in label for label in labels)
 
 
-def test_one_unencodable_label_never_breaks_the_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
-    def families(_snap: object, _extension: object = None) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily("gpuwatch_host_temperature_celsius", "t", labels=["chip"])
-        family.add_metric(["good"], 40.0)
-        family.add_metric(["bad\udcff"], 41.0)
-        return [family]
+OPENMETRICS = "application/openmetrics-text;version=1.0.0"
+ENCODINGS = ["", OPENMETRICS, OPENMETRICS + ";escaping=dots"]
 
-    monkeypatch.setattr(exposition_cache, "families", families)
-    _, body = CachedExposition(SampleStore(poll_interval_seconds=1.0)).render(None, False)
-    assert 'chip="bad\ufffd"'.encode() in body and b'chip="good"' in body
+
+@pytest.mark.parametrize("accept", ENCODINGS)
+def test_one_unencodable_label_never_breaks_the_scrape(accept: str) -> None:
+    """Every encoder (the fast lines; the library for a name escaping the fast path does not write) and name[]."""
+    store = SampleStore(poll_interval_seconds=1.0)
+    temperatures = (HostReadingValue("good", "t1", 40.0), HostReadingValue("bad\udcff", "t1", 41.0))
+    store.record_host(HostSample("hwmon", store.snapshot().now, temperatures=temperatures), 5.0)
+    cache = CachedExposition(store)
+    for _, body in (cache.render(accept, False), cache.render_filtered(accept, {"gpuwatch_host_temperature_celsius"})):
+        assert 'chip="bad\ufffd"'.encode() in body and b'chip="good"' in body

@@ -32,7 +32,7 @@ def test_the_cached_body_always_equals_a_fresh_render(tmp_path: Path) -> None:
         sim.run(3.0)
         _, first = cache.render(None, False)
         assert first == generate_latest(sim.agent.registry)
-        assert cache.render(None, False)[1] == first and cache.renders == 1  # unchanged store: one render shared
+        assert cache.render(None, False)[1] is first  # unchanged store: the one render is shared, not rebuilt
         _, zipped = cache.render(None, True)
         assert gzip.decompress(zipped) == first
         content_type, om = cache.render(OPENMETRICS, False)

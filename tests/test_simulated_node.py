@@ -910,3 +910,28 @@ def test_a_node_simulated_for_a_day_holds_a_bounded_noise_cache() -> None:
         node._jitter[0].at(0, t, 2.0) for t in (0.5, 43_200.3, 86_000.9)
     ]
     assert len(set(readings)) > 100  # the noise still moves
+
+
+def test_a_wait_with_nothing_due_blocks_until_its_timeout_without_waking() -> None:
+    """nvml.h nvmlEventSetWait_v2: "Waits on events and delivers events ... timeoutms: maximum amount of wait time in
+    milliseconds": the driver blocks the caller until an event or the timeout. The simulated wait used to wake every
+    0.1 s to look again (a quarter of an idle agent's CPU); now it sleeps once, and an emitted event still wakes it
+    (test_emitted_xid_wakes_a_waiter_on_a_real_clock)."""
+    node = SimulatedNode("healthy")
+    lib = simulated_pynvml(node)
+    lib.nvmlInit()
+    es = lib.nvmlEventSetCreate()
+    lib.nvmlDeviceRegisterEvents(lib.nvmlDeviceGetHandleByIndex(0), c.nvmlEventTypeXidCriticalError, es)
+    naps: list[float] = []
+    wait_for_change = node.wait_for_change
+
+    def counted(timeout: float) -> None:
+        naps.append(timeout)
+        wait_for_change(timeout)
+
+    node.wait_for_change = counted  # type: ignore[method-assign]
+    start = time.monotonic()
+    with pytest.raises(err(lib, "NVMLError_Timeout")):
+        lib.nvmlEventSetWait_v2(es, 400)
+    assert 0.39 <= time.monotonic() - start < 2.0
+    assert len(naps) == 1 and naps[0] > 0.39, naps

@@ -43,6 +43,7 @@ from gpuwatch.backends.nvml_tables import (
     _FieldIds,
     _handle_key,
     _hashable,
+    _plain_attr,
     _text,
 )
 from gpuwatch.backends.tiered import GpuFailed as _GpuFailed
@@ -92,12 +93,17 @@ class NvmlBackend(NvmlGpmTier):
         """Call the first of ``names`` the library and driver have; every NVML call of the backend passes
         here. A later name is tried only where the earlier function does not exist (FunctionNotFound,
         NVMLLibraryMismatchError)."""
-        frozen_kwargs = tuple(sorted(kwargs.items()))
-        for name in (names,) if isinstance(names, str) else names:
+        frozen_kwargs = tuple(sorted(kwargs.items())) if kwargs else ()
+        for name in (names,) if names.__class__ is str else names:
             variant = (name, frozen_kwargs)
-            key = (variant, *_hashable(args))
             if variant in self._missing:
                 continue
+            if not args:
+                key: tuple[Hashable, ...] = (variant,)
+            elif len(args) == 1 and args[0].__class__ is int:  # a sensor, clock or policy: its own key
+                key = (variant, args[0])
+            else:
+                key = (variant, *_hashable(args))
             if gpu is not None and key in gpu.unsupported:
                 raise _Unavailable(f"{name}: not supported (remembered)")
             function = getattr(self._lib, name, None)
@@ -287,7 +293,7 @@ class NvmlBackend(NvmlGpmTier):
         answers = self._call(gpu, "nvmlDeviceGetFieldValues", list(ids))
         values: dict[int, float | None] = {}
         for field_id, answer in zip(ids, answers or (), strict=False):
-            code = int(answer.nvmlReturn)
+            code = int(_plain_attr(answer, "nvmlReturn"))
             if code not in _PERMANENT:
                 values[field_id] = _field_value(answer) if code == 0 else None
         return values

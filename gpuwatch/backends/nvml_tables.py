@@ -155,12 +155,17 @@ def _constant(lib: Any, *names: str) -> Any:
     return next((value for name in names if (value := getattr(lib, name, None)) is not None), None)
 
 
+# pynvml's structures override __getattribute__ in Python only to decode bytes to str (pynvml.py,
+# _PrintableStructure); a field value has no bytes, and going around it saves ~0.3 µs per read, 36 reads per GPU poll.
+_plain_attr = object.__getattribute__
+
+
 def _field_value(answer: Any) -> float | None:
     """Read the union by valueType; a field the driver did not fill has timestamp 0 (and reads as 0)."""
-    value_type = int(answer.valueType)
-    if answer.timestamp == 0 or not 0 <= value_type < len(_FIELD_MEMBERS):
+    value_type = int(_plain_attr(answer, "valueType"))
+    if _plain_attr(answer, "timestamp") == 0 or not 0 <= value_type < len(_FIELD_MEMBERS):
         return None
-    return float(getattr(answer.value, _FIELD_MEMBERS[value_type]))
+    return float(getattr(_plain_attr(answer, "value"), _FIELD_MEMBERS[value_type]))
 
 
 def _text(value: Any) -> str:

@@ -9,7 +9,6 @@ only its library's calls and error tables: the hooks below (`_invoke`, `_check_d
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
+from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, copy_sample
 
 
 class Unavailable(Exception):
@@ -138,10 +137,10 @@ class TieredBackend(Generic[G]):
         slow = slow or gpu.needs_slow
         tick = self._begin(gpu, slow)
         if slow:
-            kept = copy.deepcopy(gpu.static)
+            kept = copy_sample(gpu.static)
             self._read_slow(gpu, kept, tick)
             gpu.kept, gpu.needs_slow = kept, False
-        sample = copy.deepcopy(gpu.kept)
+        sample = copy_sample(gpu.kept)
         sample.timestamp = self._stamp(tick)
         self._read_fast(gpu, sample, tick)
         return sample

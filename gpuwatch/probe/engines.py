@@ -12,10 +12,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from gpuwatch.probe.baseline import median
 
 ITERATION_BATCH_SECONDS = 0.025  # how much work is queued between two looks at the clock
 
@@ -359,8 +360,8 @@ def _copy_bandwidths(h2d: Any, d2h: Any, nbytes: int, repeats: int = 3) -> dict[
     """Median of `repeats` copies each way, after one untimed copy each way (first-touch costs)."""
     h2d()
     d2h()
-    up = statistics.median(h2d() for _ in range(repeats))
-    down = statistics.median(d2h() for _ in range(repeats))
+    up = median([h2d() for _ in range(repeats)])
+    down = median([d2h() for _ in range(repeats)])
     return {
         "copy_kind": "pinned",
         "copy_bytes": nbytes,
@@ -377,7 +378,7 @@ def _host_memcpy(copy: Any, nbytes: int, repeats: int = 3) -> dict[str, Any]:
         t0 = time.perf_counter()
         copy()
         times.append(time.perf_counter() - t0)
-    took = statistics.median(times)
+    took = median(times)
     return {
         "copy_kind": "host-memcpy (no device: not a PCIe measurement)",
         "copy_bytes": nbytes,

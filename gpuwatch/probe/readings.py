@@ -4,7 +4,7 @@ whether its power limit is observable and reached, the telemetry of a run, and t
 from __future__ import annotations
 
 import logging
-from statistics import fmean
+import math
 
 from gpuwatch.latch import Latch
 from gpuwatch.model import GpuSample
@@ -44,8 +44,8 @@ def _telemetry(samples: list[GpuSample]) -> Telemetry:
     power = [s.power_watts for s in samples if s.power_watts is not None]
     temps = [s.temperature_celsius["core"] for s in samples if s.temperature_celsius.get("core") is not None]
     return Telemetry(
-        sm_clock_hertz=fmean(sm) if sm else None,
-        power_watts=fmean(power) if power else None,
+        sm_clock_hertz=math.fsum(sm) / len(sm) if sm else None,  # statistics.fmean
+        power_watts=math.fsum(power) / len(power) if power else None,
         temperature_celsius=max(temps) if temps else None,
         samples=len(samples),
     )

@@ -22,8 +22,8 @@ from gpuwatch.config import ProbeSection
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probe.children import _Child, _drain, _kill_group, _pids_of, _rss
 from gpuwatch.probe.launch import WORKER_CWD, WorkerLauncher
+from gpuwatch.probe.protocol import CAPPED_LINE
 from gpuwatch.probe.readings import _at_power_cap, _power_observable
-from gpuwatch.probe.worker import CAPPED_LINE
 from gpuwatch.store import SampleStore
 
 log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split

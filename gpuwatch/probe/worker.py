@@ -25,8 +25,7 @@ from typing import Any, get_args
 
 from gpuwatch.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
 from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
-
-CAPPED_LINE = "capped"  # what the runner writes to stdin when the GPU reached its power limit
+from gpuwatch.probe.protocol import CAPPED_LINE
 
 
 def build_parser(

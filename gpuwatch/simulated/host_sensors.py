@@ -56,6 +56,7 @@ class SimulatedHost:
         self._dir = tempfile.TemporaryDirectory(prefix="gpuwatch-simhost-")
         weakref.finalize(self, self._dir.cleanup)
         self.root = Path(self._dir.name)
+        self._written: dict[Path, str] = {}  # what each file holds: a render rewrites only what changed
         self._build()
 
     @property
@@ -82,6 +83,15 @@ class SimulatedHost:
         dmi.mkdir(parents=True)
         (dmi / "board_name").write_text("X13DEG-OAD\n")
 
+    def _write(self, directory: Path, files: Mapping[str, object]) -> None:
+        """Each file whose text changed (opening and writing ~40 files every read was most of a simulated node's
+        host-sensor CPU, which a real node does not spend)."""
+        for name, value in files.items():
+            path, text = directory / name, f"{value}\n"
+            if self._written.get(path) != text:
+                path.write_text(text)
+                self._written[path] = text
+
     def _hwmon(self, index: int) -> Path:
         return self.root / _CHIPS[index][0] / "hwmon" / f"hwmon{index}"
 
@@ -95,7 +105,7 @@ class SimulatedHost:
                 files[f"temp{core + 2}_label"] = f"Core {core}"
                 files[f"temp{core + 2}_input"] = (package - 2 + core) * 1000
             files["temp1_crit"] = 100000
-            _write(self._hwmon(index), files)
+            self._write(self._hwmon(index), files)
         for psu, index in ((1, 2), (2, 3)):
             sag = psu == 1 and self.sagging
             vout = SAG_VOLTS if sag else 12.10 - 0.02 * (psu - 1)
@@ -114,8 +124,8 @@ class SimulatedHost:
                 "temp2_input": (52 if busy else 36) * 1000 + psu * 500,
                 "fan1_input": 11800 if busy else 6400,
             }
-            _write(self._hwmon(index), files)
-        _write(self._hwmon(4), {"temp1_label": "Composite", "temp1_input": 38850, "temp1_crit": 84850})
+            self._write(self._hwmon(index), files)
+        self._write(self._hwmon(4), {"temp1_label": "Composite", "temp1_input": 38850, "temp1_crit": 84850})
 
     def sensor_output(self) -> str:
         """`ipmitool sensor` of a Supermicro BMC: name | reading | unit | status | lnr | lcr | lnc | unc | ucr | unr."""
@@ -199,8 +209,3 @@ def simulated_host_sources(
         ipmi = IpmiReader(SimulatedBmc(host), clock=clock)
         sources.append(HostSource("ipmi", ipmi, config.host.ipmi_interval_seconds, ipmi.usable))
     return sources
-
-
-def _write(directory: Path, files: Mapping[str, object]) -> None:
-    for name, value in files.items():
-        (directory / name).write_text(f"{value}\n")

@@ -818,14 +818,19 @@ class _Driver(GpmFunctions):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NvmlFailure(c.NVML_ERROR_TIMEOUT)
-            if self.node.clock_is_real:
-                nap = min(left, 0.1)
-                upcoming = self.node.next_event_after(now)
-                if upcoming is not None:
-                    nap = min(nap, max(0.0005, upcoming - now))
+            if self.node.clock_is_real:  # block as the driver does: until the timeout, the next event or loss due
+                nap = left  # (faults and emitted events wake the wait themselves)
+                for upcoming in (self.node.next_event_after(now), *(self._lost_after(i, now) for i in registered)):
+                    if upcoming is not None:
+                        nap = min(nap, max(0.0005, upcoming - now))
             else:
                 nap = min(left, 0.005)  # a fake clock moves when the test says: look again soon
             self.node.wait_for_change(nap)
+
+    def _lost_after(self, index: int, now: float) -> float | None:
+        """When the scenario loses GPU `index`, if that is still to come."""
+        after = self.node.plan(index).lost_after_s
+        return after if after is not None and after > now else None
 
     @_export(_P)
     def nvmlEventSetFree(self, event_set: int) -> None:
