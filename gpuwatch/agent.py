@@ -12,11 +12,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuwatch.collector import CollectorContext, Collectors
@@ -31,7 +29,7 @@ from gpuwatch.probe.collector import ProbeCollector
 from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.sdnotify import ServiceNotifier
 from gpuwatch.sources import BackendSlot, NodeSources
-from gpuwatch.startup import claim_state_dir, live_part, watchdog_problem
+from gpuwatch.startup import claim_state_dir, live_part, poll_health, watchdog_problem
 from gpuwatch.statedir import AgentLock
 from gpuwatch.statefile import KnownGpus
 from gpuwatch.status_findings import gpu_health
@@ -71,7 +69,7 @@ class Agent:
         self._stop = threading.Event()
         self._first_poll = threading.Event()
         self._reload_requested = threading.Event()
-        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler: Any = None  # an APScheduler BackgroundScheduler while running
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -116,30 +114,12 @@ class Agent:
         self.collectors.register()
         if self.probe is not None:
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
-        self._start_scheduler()
+        self._scheduler = self.collectors.start_scheduler(self.poll_once, self.config.agent.poll_interval_seconds)
         self.collectors.start_threads()  # xid_events: a thread per vendor backend
         self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
         self._http.start()
         self._notifier.serving()
         log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
-
-    def _start_scheduler(self) -> None:
-        scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
-        scheduler.add_job(
-            self.poll_once,
-            "interval",
-            seconds=self.config.agent.poll_interval_seconds,
-            id="poll",
-            next_run_time=None,
-        )
-        # hwmon, ipmi, probe: their own jobs and intervals, never on the scrape path
-        self.collectors.add_jobs(scheduler, except_jobs=("poll",))
-        scheduler.start()
-        # The first poll runs at once so the first scrape is complete.
-        job = scheduler.get_job("poll")
-        if job is not None:
-            job.modify(next_run_time=datetime.now().astimezone())
-        self._scheduler = scheduler
 
     def handle_signals(self) -> None:
         """SIGTERM/SIGINT stop, SIGHUP reloads: installed before `start`, so a signal that comes as soon as the port
@@ -225,19 +205,7 @@ class Agent:
 
     def health(self) -> tuple[bool, str]:
         """Healthy while every poll collector finished a run recently and no GPU's readings went stale."""
-        snap = self.store.snapshot()
-        limit = STALE_AFTER_POLLS * snap.poll_interval_seconds
-        for slot in self._active_slots():
-            status = snap.collectors.get(slot.name)
-            last = status.last_run_timestamp if status else None
-            if last is None:
-                return False, f"starting: the first {slot.name} poll has not finished"
-            if snap.now - last > limit:
-                return False, f"{slot.name} poll has not finished for {snap.now - last:.1f} s (a hung vendor call?)"
-        for uuid, sample in snap.samples.items():
-            if uuid not in snap.gpu_errors and snap.now - sample.timestamp > limit:
-                return False, f"GPU {uuid} readings are {snap.now - sample.timestamp:.1f} s old"
-        return True, "ok"
+        return poll_health(self.store.snapshot(), [slot.name for slot in self._active_slots()], STALE_AFTER_POLLS)
 
     def reload(self) -> None:
         """Apply a re-read configuration where it can change live; say which settings need a restart."""

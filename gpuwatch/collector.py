@@ -169,6 +169,21 @@ class Collectors:
                 kwargs = {"next_run_time": first} if first is not None else {}
                 scheduler.add_job(self.run_job, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
 
+    def start_scheduler(self, poll: Callable[[], None], poll_seconds: float) -> Any:
+        """An APScheduler BackgroundScheduler running `poll` (first at once, so the first scrape is complete) and
+        every other job (hwmon, ipmi, probe: their own intervals, never on the scrape path); one run of a job at a
+        time, missed runs coalesced, so a hung vendor call delays only its own job."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
+        scheduler.add_job(poll, "interval", seconds=poll_seconds, id="poll", next_run_time=None)
+        self.add_jobs(scheduler, except_jobs=("poll",))
+        scheduler.start()
+        job = scheduler.get_job("poll")
+        if job is not None:
+            job.modify(next_run_time=datetime.now().astimezone())
+        return scheduler
+
     def start_threads(self) -> None:
         for collector in self.all:
             if isinstance(collector.schedule, Threads):

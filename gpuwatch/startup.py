@@ -12,6 +12,7 @@ from typing import Any
 from gpuwatch.config import Config, ConfigError, load_config
 from gpuwatch.statedir import AgentLock, StateDirBusy, StateDirUnsafe, clean_stale_temp_files, require_safe_state_dir
 from gpuwatch.statefile import StateDirError, check_state_dir
+from gpuwatch.store import StoreSnapshot
 
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
 
@@ -20,6 +21,22 @@ RESTART_ONLY = ("listen", "web_config", "backend", "state_dir", "disable_collect
 
 class StartupError(Exception):
     """A resource the agent cannot work without is unavailable (exit 69)."""
+
+
+def poll_health(snap: StoreSnapshot, slot_names: list[str], stale_after_polls: int) -> tuple[bool, str]:
+    """/healthz: healthy while every vendor poll finished a run recently and no GPU's readings went stale."""
+    limit = stale_after_polls * snap.poll_interval_seconds
+    for name in slot_names:
+        status = snap.collectors.get(name)
+        last = status.last_run_timestamp if status else None
+        if last is None:
+            return False, f"starting: the first {name} poll has not finished"
+        if snap.now - last > limit:
+            return False, f"{name} poll has not finished for {snap.now - last:.1f} s (a hung vendor call?)"
+    for uuid, sample in snap.samples.items():
+        if uuid not in snap.gpu_errors and snap.now - sample.timestamp > limit:
+            return False, f"GPU {uuid} readings are {snap.now - sample.timestamp:.1f} s old"
+    return True, "ok"
 
 
 def watchdog_problem(watchdog_seconds: float | None, config: Config) -> str | None:
