@@ -292,8 +292,10 @@ def test_receiver_down_agent_wal_replays_and_alerts_resume(stack: Stack, receive
         return sent >= newest - 1 and sent > outage.up_at
 
     _poll("the agent's WAL resent to the receiver", caught_up, deadline)
-    time.sleep(2)  # the last batch appended
+    # The scrapes counted up to `end`, then time for those last seconds' samples (at most 1 s behind when caught
+    # up) to reach the receiver: counting after the wait would count scrapes still in flight.
     scrapes, end = _metric(stack.prom_agent, AGENT_SCRAPES) - outage.scrapes_before, time.time()
+    time.sleep(3)
 
     def receiver_query(expr: str, at: float) -> list[Any]:
         params = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
