@@ -225,6 +225,9 @@ def _config_path(args: argparse.Namespace) -> Path | None:
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # APScheduler logs every job run at INFO and warns on every skipped run while a poll hangs; the agent reports
+    # that itself, once.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

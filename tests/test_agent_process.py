@@ -235,3 +235,16 @@ def test_python_dash_m_and_console_script_agree() -> None:
     out = subprocess.run(gpuwatch("version"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("gpuwatch ")
     assert os.environ.get("PATH") is not None
+
+
+def test_the_agent_does_not_log_every_scheduled_run(tmp_path: Path) -> None:
+    """A healthy agent at INFO is quiet: APScheduler's per-run lines (one a second) once filled the journal and,
+    with stderr a pipe nobody reads, blocked the agent on a full pipe."""
+    argv = [sys.executable, "-m", "gpuwatch", "run", "--backend", "simulated", "--gpus", "1", "--listen", "127.0.0.1:0"]
+    agent = subprocess.Popen([*argv, "--state-dir", str(tmp_path / "state")], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)
+    finally:
+        agent.terminate()
+        _, err = agent.communicate(timeout=30)
+    assert "apscheduler" not in err and "Running job" not in err, err
