@@ -316,15 +316,24 @@ _READ = (
 )
 
 
+_PYCACHE = shutil.ignore_patterns("__pycache__")
+
+
 def _real_hidepid(option: str) -> list[str]:
     """In a private mount namespace: a procfs mounted hidepid=`option`, a process of uid 65534, and the reader run
     as uid 65533 (another user) and as root; each prints what it read of that process."""
     root = Path(tempfile.mkdtemp(prefix=f"gpuwatch-hidepid-{option}-"))  # pytest's tmp_path is root's alone (0700)
     root.chmod(0o755)
-    python, repo = sys.executable, Path(__file__).resolve().parent.parent
+    # The other user imports gpuwatch from a world-readable copy (the checkout may sit in a 0700 directory, as CI's
+    # clone does) with the interpreter itself, not the virtualenv's link to it (the reader needs only the stdlib).
+    code = Path(tempfile.mkdtemp(prefix="gpuwatch-hidepid-code-"))
+    shutil.copytree(Path(__file__).resolve().parent.parent / "gpuwatch", code / "gpuwatch", ignore=_PYCACHE)
+    for path in [code, *code.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    python = os.path.realpath(sys.executable)
     read = f"{python} -c {shlex.quote(_READ)} {root} $S"
     shell = (
-        f"mount -t proc -o hidepid={option} proc {root} || exit 3; export PYTHONPATH={repo}; "
+        f"mount -t proc -o hidepid={option} proc {root} || exit 3; export PYTHONPATH={code}; "
         "setpriv --reuid=65534 --regid=65534 --clear-groups sleep 30 & S=$!; sleep 0.3; "
         f"setpriv --reuid=65533 --regid=65533 --clear-groups {read}; {read}; kill $S"
     )
@@ -332,6 +341,7 @@ def _real_hidepid(option: str) -> list[str]:
         done = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=60)
     finally:
         root.rmdir()
+        shutil.rmtree(code)
     if done.returncode == 3:
         pytest.skip(f"cannot mount a procfs here: {done.stderr.strip()}")
     assert done.returncode in (0, 143) and len(done.stdout.splitlines()) == 2, done.stdout + done.stderr
