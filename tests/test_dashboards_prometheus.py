@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from dashboard_queries import ALLOWED_EMPTY, REPO, PanelQuery, dashboards, panels, queries, substitute
 from ports import free_port, free_port_range
+from processes import stop, wait_until_ready
 
 DEPLOY = REPO / "deploy" / "prometheus"
 NODES = 3
@@ -36,28 +36,6 @@ DEADLINE_SECONDS = 240  # rates need two scrapes; the XID alert fires at its fir
 def _http_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as reply:
         return json.loads(reply.read())
-
-
-def _wait_for(url: str, deadline: float, proc: subprocess.Popen[bytes], what: str) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{what} did not answer {url} in time")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +87,12 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stderr=open(tmp / "prometheus.log", "wb"),  # noqa: SIM115
         )
         url = f"http://127.0.0.1:{web_port}"
-        _wait_for(f"{url}/-/ready", time.monotonic() + 60, prom, "prometheus")
+        wait_until_ready(f"{url}/-/ready", prom, "prometheus")
         yield url
     finally:
         if prom is not None:
-            _stop(prom)
-        _stop(fleet)
+            stop(prom)
+        stop(fleet)
 
 
 def _query(url: str, expr: str) -> list[Any]:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_port
+from processes import stop, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = json.loads((REPO / "tests" / "fixtures" / "dcgm-exporter-dashboard-queries.json").read_text())
@@ -50,28 +50,6 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_until_ready(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{what} did not answer {url} in time")
-
-
 @pytest.fixture(scope="module")
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus")
@@ -92,7 +70,7 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     prom: subprocess.Popen[bytes] | None = None
     try:
-        _wait_until_ready(f"http://127.0.0.1:{port}/healthz", agent, "gpuwatch")
+        wait_until_ready(f"http://127.0.0.1:{port}/healthz", agent, "gpuwatch")
         targets = tmp / "targets.json"
         targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"node": "gpu-node-01"}}]))
         config = yaml.safe_load(SCRAPE_CONFIG.read_text())
@@ -113,15 +91,15 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             tmp / "prometheus.log",
         )
         url = f"http://127.0.0.1:{web_port}"
-        _wait_until_ready(f"{url}/-/ready", prom, "prometheus")
+        wait_until_ready(f"{url}/-/ready", prom, "prometheus")
         deadline = time.monotonic() + DEADLINE_SECONDS  # the first scrapes of the node
         while time.monotonic() < deadline and not _query(url, "DCGM_FI_DEV_GPU_TEMP"):
             time.sleep(1)
         yield url
     finally:
         if prom is not None:
-            _stop(prom)
-        _stop(agent)
+            stop(prom)
+        stop(agent)
 
 
 def _label_values(url: str, query: str) -> list[str]:
