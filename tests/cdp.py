@@ -104,7 +104,7 @@ class Browser:
     """One Chromium process; `page(url)` opens a tab in it and gives back (DOM, PNG bytes)."""
 
     def __init__(self, chromium: str) -> None:
-        self._profile = tempfile.TemporaryDirectory(prefix="gpuwatch-chromium-")
+        self._profile = tempfile.TemporaryDirectory(prefix="gpuwatch-chromium-", ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [chromium, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
             stdout=subprocess.DEVNULL,
