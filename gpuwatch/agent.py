@@ -18,11 +18,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuwatch.collector import CollectorContext, Collectors
-from gpuwatch.config import Config, ConfigError, parse_listen
-from gpuwatch.dcgm_compat import NAMES as DCGM_NAMES
-from gpuwatch.dcgm_compat import dcgm_extension
+from gpuwatch.config import CompatSection, Config, ConfigError, parse_listen
 from gpuwatch.events import EventCollector
-from gpuwatch.exporter import GpuwatchCollector
+from gpuwatch.exporter import Extension, GpuwatchCollector
 from gpuwatch.exposition_cache import CachedExposition, cached_metrics_app
 from gpuwatch.gpu_collector import VendorCollectors
 from gpuwatch.probe.collector import ProbeCollector
@@ -33,8 +31,7 @@ from gpuwatch.startup import claim_state_dir, live_part, poll_health, watchdog_p
 from gpuwatch.statedir import AgentLock
 from gpuwatch.statefile import KnownGpus
 from gpuwatch.status_findings import gpu_health
-from gpuwatch.status_page import render_status_page
-from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
+from gpuwatch.store import STALE_AFTER_POLLS, SampleStore, StoreSnapshot
 from gpuwatch.web import HttpServer, make_app
 
 log = logging.getLogger(__name__)
@@ -69,11 +66,12 @@ class Agent:
         self._stop = threading.Event()
         self._first_poll = threading.Event()
         self._reload_requested = threading.Event()
+        self._wake = threading.Event()  # the main thread's: a stop or a reload was asked for
         self._scheduler: Any = None  # an APScheduler BackgroundScheduler while running
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
         self.registry = CollectorRegistry(auto_describe=False)
-        self._extension = dcgm_extension(config.compat)  # [compat] dcgm: dcgm-exporter's names too, or None
+        self._extension, self._extension_names = compat_extension(config.compat)
         self.registry.register(GpuwatchCollector(self.store, self._extension))
         # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (collector.py).
         context = CollectorContext(
@@ -100,10 +98,9 @@ class Agent:
         claim_state_dir(self.config, self._state_lock)
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
-        names = DCGM_NAMES if self._extension is not None else frozenset()
-        cache = CachedExposition(self.store, self._extension, names)
+        cache = CachedExposition(self.store, self._extension, self._extension_names)
         metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
-        page = lambda: render_status_page(self.store.snapshot())  # noqa: E731
+        page = lambda: status_page(self.store.snapshot())  # noqa: E731
         app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
         wrap_socket = None
         if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
@@ -131,7 +128,11 @@ class Agent:
     def run_until_signalled(self) -> None:
         """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
         self.handle_signals()
-        while not self._stop.wait(0.2):
+        while True:
+            self._wake.wait()  # no timeout: an idle agent's main thread never wakes (a signal's handler sets it)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
                 self._notifier.reloading()
@@ -141,14 +142,17 @@ class Agent:
     def _on_stop_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
         self._stop.set()
+        self._wake.set()
 
     def _on_reload_signal(self, _signum: int, _frame: FrameType | None) -> None:
         self._reload_requested.set()
+        self._wake.set()
 
     def stop(self) -> None:
         """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
         self._notifier.stopping()
         self._stop.set()
+        self._wake.set()
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
@@ -237,3 +241,20 @@ def build_sources(config: Config, **kwargs: Any) -> NodeSources:
     from gpuwatch.simulation import build_sources as build
 
     return build(config, **kwargs)
+
+
+def compat_extension(compat: CompatSection) -> tuple[Extension | None, frozenset[str]]:
+    """`[compat] dcgm`: dcgm-exporter's families and their names, or none. Its tables (1.4 MiB resident) are loaded
+    only when it is on."""
+    if not compat.dcgm:
+        return None, frozenset()
+    from gpuwatch.dcgm_compat import NAMES, dcgm_extension
+
+    return dcgm_extension(compat), NAMES
+
+
+def status_page(snapshot: StoreSnapshot) -> str:
+    """The HTML status page, its module (0.3 MiB) loaded by the first reader rather than by every agent."""
+    from gpuwatch.status_page import render_status_page
+
+    return render_status_page(snapshot)

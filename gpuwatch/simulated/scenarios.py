@@ -138,6 +138,11 @@ POLICIES: tuple[str, ...] = (
 )
 # Since the driver loaded, before the node started (the H100 fixture's idle readings).
 _POLICY_BASE_S = {"low_utilization": 27.6, "total_app_clocks": 18.26, "total_base_clocks": 18.26}
+# A GPU's readings are computed once per SENSOR_PERIOD_S: the driver, too, answers from readings it samples in the
+# background (NVML API Reference, nvmlUtilization_t: "each sample period may be between 1 second and 1/6 second";
+# nvmlDeviceGetPowerUsage: averaged over 1 s on Ampere and newer), so the calls of one poll agree with each other, and
+# a call costs a look-up instead of the physics (both exporters of benchmarks/peer.py pay the simulation per call).
+SENSOR_PERIOD_S = 0.01
 STEP_S = 0.2  # integration step: readings are held for STEP_S when the node integrates energy and throttle time
 
 
@@ -263,7 +268,7 @@ class SimulatedNode:
         with self._lock:
             t = round(self.elapsed(), 6)
             cached = self._cache.get(index)
-            if cached is not None and cached[0] == t:
+            if cached is not None and 0.0 <= t - cached[0] < SENSOR_PERIOD_S:
                 return cached[1]
             state = self._compute(index, t)
             self._cache[index] = (t, state)
