@@ -111,7 +111,9 @@ class Agent:
         self.collectors.register()
         if self.probe is not None:
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
-        self._scheduler = self.collectors.start_scheduler(self.poll_once, self.config.agent.poll_interval_seconds)
+        self._scheduler = self.collectors.start_scheduler(
+            self.poll_once, self.config.agent.poll_interval_seconds, after_job=cache.prerender
+        )
         self.collectors.start_threads()  # xid_events: a thread per vendor backend
         self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
         self._http.start()

@@ -162,26 +162,33 @@ class Collectors:
                 out.setdefault(collector.schedule.job, (collector.interval_seconds, collector.schedule.first_run_now))
         return out
 
-    def add_jobs(self, scheduler: Any, *, except_jobs: tuple[str, ...] = ()) -> None:
+    def add_jobs(
+        self, scheduler: Any, *, except_jobs: tuple[str, ...] = (), after_job: Callable[[], None] | None = None
+    ) -> None:
+        run = self.run_job if after_job is None else then(self.run_job, after_job)
         for job, (seconds, now) in self.jobs().items():
             if job not in except_jobs:
                 first = datetime.now().astimezone() if now else None
                 kwargs = {"next_run_time": first} if first is not None else {}
-                scheduler.add_job(self.run_job, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
+                scheduler.add_job(run, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
 
-    def start_scheduler(self, poll: Callable[[], None], poll_seconds: float) -> Any:
+    def start_scheduler(
+        self, poll: Callable[[], None], poll_seconds: float, after_job: Callable[[], None] | None = None
+    ) -> Any:
         """An APScheduler BackgroundScheduler running `poll` (first at once, so the first scrape is complete) and
         every other job (hwmon, ipmi, probe: their own intervals, never on the scrape path); one run of a job at a
-        time, missed runs coalesced, so a hung vendor call delays only its own job."""
+        time, missed runs coalesced, so a hung vendor call delays only its own job. `after_job` runs in the job's
+        thread after each run (the exposition's prerender)."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
-        scheduler.add_job(poll, "interval", seconds=poll_seconds, id="poll", next_run_time=None)
-        self.add_jobs(scheduler, except_jobs=("poll",))
+        job = poll if after_job is None else then(poll, after_job)
+        scheduler.add_job(job, "interval", seconds=poll_seconds, id="poll", next_run_time=None)
+        self.add_jobs(scheduler, except_jobs=("poll",), after_job=after_job)
         scheduler.start()
-        job = scheduler.get_job("poll")
-        if job is not None:
-            job.modify(next_run_time=datetime.now().astimezone())
+        first = scheduler.get_job("poll")
+        if first is not None:
+            first.modify(next_run_time=datetime.now().astimezone())
         return scheduler
 
     def start_threads(self) -> None:
@@ -193,8 +200,23 @@ class Collectors:
                     self.threads.append(thread)
 
     def _loop(self, collector: Collector, run: Callable[[], bool]) -> None:
+        """Runs back to back. A failed run is always recorded; a good one when the last recorded one failed, and
+        otherwise once per the collector's interval: a thread that wakes every second with nothing to report must not
+        change the store (and so the exposition, rendered again for it) between polls."""
+        store, monotonic = self.context.store, self.context.monotonic
+        recorded_ok: bool | None = None
+        recorded_at = float("-inf")
         while not self.context.stopping.is_set():
-            self.execute(collector, run)
+            started = monotonic()
+            try:
+                ok = run()
+            except Exception:
+                log.exception("collector %s failed unexpectedly", collector.name)
+                ok = False
+            ended = monotonic()
+            if not ok or recorded_ok is not True or ended - recorded_at >= collector.interval_seconds:
+                store.record_collector_run(collector.name, success=ok, duration_seconds=ended - started)
+                recorded_ok, recorded_at = ok, ended
 
     def join_threads(self, timeout_s: float) -> list[str]:
         """Wait (bounded) for the collectors' own threads after stop is set; the names of those still running."""
@@ -202,3 +224,19 @@ class Collectors:
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in self.threads if t.is_alive()]
+
+
+def then(job: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+    """`job`, then `after` in the same thread, whatever the job did; `after` failing is logged, never the job's
+    failure."""
+
+    def run(*args: Any) -> Any:
+        try:
+            return job(*args)
+        finally:
+            try:
+                after()
+            except Exception:
+                log.exception("after the %s job", getattr(job, "__name__", "scheduler"))
+
+    return run

@@ -18,14 +18,18 @@ from gpuwatch.store import SampleStore
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
 
 EVENT_WAIT_SECONDS = 1.0
+# How often a quiet event thread records its run (gpuwatch_collector_last_run_timestamp_seconds), not how often it
+# wakes: recording every wake would change the exposition every second, between polls (gpuwatch.collector._loop).
+HEARTBEAT_SECONDS = 15.0
 MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI address is known
 
 
 class EventCollector:
-    """The `xid_events` collector: a thread per vendor backend, each run waiting up to EVENT_WAIT_SECONDS."""
+    """The `xid_events` collector: a thread per vendor backend, each run waiting up to EVENT_WAIT_SECONDS; its
+    runs are recorded every HEARTBEAT_SECONDS, or at once when one fails."""
 
     name = "xid_events"
-    interval_seconds = EVENT_WAIT_SECONDS
+    interval_seconds = HEARTBEAT_SECONDS
 
     def __init__(
         self,

@@ -47,3 +47,36 @@ def test_the_cached_body_always_equals_a_fresh_render(tmp_path: Path) -> None:
         assert up(stale) == {0.0} and stale == generate_latest(sim.agent.registry)
     finally:
         sim.close()
+
+
+def test_prerender_makes_ready_only_the_bodies_scrapers_took(tmp_path: Path) -> None:
+    """After a poll the agent renders, off the scrape path, exactly the bodies served since the store last changed:
+    a scraper at least as frequent as the poll finds its body ready, and nobody pays for formats nobody asked for."""
+    sim = SimAgent(tmp_path, scenario="mixed", gpus=4)
+    try:
+        cache = CachedExposition(sim.agent.store)
+        sim.run(2.0)
+        cache.prerender()  # nothing served yet: nothing rendered
+        assert not cache.ready(None, False) and not cache.ready(OPENMETRICS, True)
+        cache.render(None, False)
+        cache.render(OPENMETRICS, True)
+        sim.run(2.0)  # a poll changed the store
+        assert not cache.ready(None, False) and not cache.ready(OPENMETRICS, True)
+        cache.prerender()
+        assert cache.ready(None, False) and cache.ready(OPENMETRICS, True)
+        assert not cache.ready(None, True) and not cache.ready(OPENMETRICS, False)
+        _, text = cache.render(None, False)
+        assert text == generate_latest(sim.agent.registry)  # what was prerendered is the store's current state
+        _, om = cache.render(OPENMETRICS, True)
+        assert gzip.decompress(om) == CachedExposition(sim.agent.store).render(OPENMETRICS, False)[1]
+        # A scraper that stopped: after the next change only what was taken since is rendered (text), then nothing.
+        sim.run(2.0)
+        cache.render(None, False)
+        sim.run(2.0)
+        cache.prerender()
+        assert cache.ready(None, False) and not cache.ready(OPENMETRICS, True)
+        sim.run(2.0)
+        cache.prerender()
+        assert not cache.ready(None, False)
+    finally:
+        sim.close()
