@@ -7,7 +7,6 @@ are errors, because a misspelt key silently ignored is a setting the operator be
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import types
 from dataclasses import dataclass, field
@@ -229,6 +228,8 @@ def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None =
 
 
 def _unknown(kind: str, name: str, known: Any) -> str:
+    import difflib  # only for a mistake: not loaded by every agent (0.2 MiB)
+
     close = difflib.get_close_matches(name, list(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
     return f"unknown {kind}{hint}"
