@@ -100,14 +100,20 @@ class CollectorContext:
 
 def execute(store: SampleStore, name: str, run: Callable[[], bool], monotonic: Callable[[], float]) -> bool:
     """One run of a collector, timed into its meta-metrics."""
+    ok, seconds = timed_run(name, run, monotonic)
+    store.record_collector_run(name, success=ok, duration_seconds=seconds)
+    return ok
+
+
+def timed_run(name: str, run: Callable[[], bool], monotonic: Callable[[], float]) -> tuple[bool, float]:
+    """(whether the run succeeded, how long it took); an exception is a failed run, logged with its traceback."""
     started = monotonic()
     try:
         ok = run()
     except Exception:
         log.exception("collector %s failed unexpectedly", name)
         ok = False
-    store.record_collector_run(name, success=ok, duration_seconds=monotonic() - started)
-    return ok
+    return ok, monotonic() - started
 
 
 @dataclass(slots=True)
@@ -207,15 +213,10 @@ class Collectors:
         recorded_ok: bool | None = None
         recorded_at = float("-inf")
         while not self.context.stopping.is_set():
-            started = monotonic()
-            try:
-                ok = run()
-            except Exception:
-                log.exception("collector %s failed unexpectedly", collector.name)
-                ok = False
+            ok, seconds = timed_run(collector.name, run, monotonic)
             ended = monotonic()
             if not ok or recorded_ok is not True or ended - recorded_at >= collector.interval_seconds:
-                store.record_collector_run(collector.name, success=ok, duration_seconds=ended - started)
+                store.record_collector_run(collector.name, success=ok, duration_seconds=seconds)
                 recorded_ok, recorded_at = ok, ended
 
     def join_threads(self, timeout_s: float) -> list[str]:

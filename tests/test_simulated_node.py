@@ -935,3 +935,20 @@ def test_a_wait_with_nothing_due_blocks_until_its_timeout_without_waking() -> No
         lib.nvmlEventSetWait_v2(es, 400)
     assert 0.39 <= time.monotonic() - start < 2.0
     assert len(naps) == 1 and naps[0] > 0.39, naps
+
+
+def test_readings_hold_for_a_sample_period_as_the_drivers_do() -> None:
+    """The driver answers from readings it samples in the background, so calls a few milliseconds apart agree: NVML
+    API Reference, nvmlUtilization_t ("Each sample period may be between 1 second and 1/6 second, depending on the
+    product being queried") and nvmlDeviceGetPowerUsage ("On Ampere (except GA100) or newer GPUs, the API returns
+    power averaged over 1 sec interval"). The simulation holds a GPU's state for SENSOR_PERIOD_S, far inside those."""
+    from gpuwatch.simulated.scenarios import SENSOR_PERIOD_S
+
+    _node, lib, clock = make("busy", gpus=1)
+    h = lib.nvmlDeviceGetHandleByIndex(0)
+    clock.advance(30.0)
+    first = (lib.nvmlDeviceGetPowerUsage(h), lib.nvmlDeviceGetTotalEnergyConsumption(h))
+    clock.advance(SENSOR_PERIOD_S / 2)
+    assert (lib.nvmlDeviceGetPowerUsage(h), lib.nvmlDeviceGetTotalEnergyConsumption(h)) == first
+    clock.advance(1.0)  # a poll later: a new sample, and the energy counter has grown
+    assert lib.nvmlDeviceGetTotalEnergyConsumption(h) > first[1]
