@@ -13,6 +13,8 @@ Run by hand. On a simulated node, NVIDIA's real pynvml over the simulated libnvi
 
     python benchmarks/agent_overhead.py                 # 8 GPUs, healthy, fast polls
     python benchmarks/agent_overhead.py --gpus 64 --slow
+
+On a real NVIDIA node, benchmarks/hardware/nvml_survey.py runs the same measurement over the real libnvidia-ml.
 """
 
 from __future__ import annotations
@@ -103,6 +105,63 @@ def replay(calls: list[Call], lib: Any = None) -> None:
             (function if lib is None else getattr(lib, name))(*args, **kwargs)
 
 
+def measure(plain_lib: Any, recording: Recording, *, slow: bool, repeat: int, rounds: int) -> dict[str, Any]:
+    """CPU per poll of every GPU, the library's part of it and the agent's own, in seconds per poll (all GPUs).
+
+    `plain_lib` and `recording` are two pynvml modules over the same GPUs (simulated or real); two backends are opened
+    on them, so one keeps its library and the other can have its library swapped for the answering stand-in."""
+    plain = NvmlBackend(plain_lib)
+    stubbed = NvmlBackend(recording)
+    for backend in (plain, stubbed):
+        backend.open()
+        for _ in range(3):
+            backend.poll(slow=True)
+    recording.recording = True
+    stubbed.poll(slow=slow)
+    recording.recording = False
+    calls = recording.calls
+    answering = Answering(recording)
+    stubbed._lib = answering  # the same backend, its library now answering at once
+    found = dict.fromkeys(("poll", "library", "stubbed poll", "stubs"), float("inf"))
+    ways: dict[str, Callable[[], object]] = {
+        "poll": lambda: plain.poll(slow=slow),
+        "library": lambda: replay(calls),
+        "stubbed poll": lambda: stubbed.poll(slow=slow),
+        "stubs": lambda: replay(calls, answering),
+    }
+    gpus = len(plain.poll(slow=False))
+    try:
+        for _ in range(max(1, rounds)):  # interleaved, so all see the same machine
+            for name, work in ways.items():
+                found[name] = min(found[name], best(work, repeat))
+    finally:
+        stubbed._lib = recording
+        for backend in (plain, stubbed):
+            backend.close()
+    return {
+        "gpus": gpus,
+        "calls_per_poll": len(calls),
+        "seconds": found,
+        "agent": found["stubbed poll"] - found["stubs"],
+        "poll_minus_library": found["poll"] - found["library"],
+    }
+
+
+def report(n: int, label: str, slow: bool, measured: dict[str, Any]) -> str:
+    us = {name: seconds * 1e6 / n for name, seconds in measured["seconds"].items()}
+    kind = "slow" if slow else "fast"
+    agent, difference = measured["agent"] * 1e6 / n, measured["poll_minus_library"] * 1e6 / n
+    return "\n".join(
+        (
+            f"{n} GPUs, {label}, {kind} polls: {measured['calls_per_poll'] / n:.1f} NVML calls per GPU",
+            f"  poll     {us['poll']:7.1f} µs per GPU",
+            f"  library  {us['library']:7.1f} µs per GPU (the same calls replayed)",
+            f"  agent    {agent:7.1f} µs per GPU (poll - library: {difference:.1f})",
+            f"  poll / library: {us['poll'] / us['library']:.2f}",
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="agent_overhead.py", description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8)
@@ -112,37 +171,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     node = SimulatedNode(scenario=args.scenario, gpus=args.gpus, vendor="nvidia")
-    plain = NvmlBackend(simulated_pynvml(node))
-    recording = Recording(simulated_pynvml(node))
-    stubbed = NvmlBackend(recording)
-    for backend in (plain, stubbed):
-        backend.open()
-        for _ in range(3):
-            backend.poll(slow=True)
-    recording.recording = True
-    stubbed.poll(slow=args.slow)
-    recording.recording = False
-    calls = recording.calls
-    answering = Answering(recording)
-    stubbed._lib = answering  # the same backend, its library now answering at once
-    found = dict.fromkeys(("poll", "library", "stubbed poll", "stubs"), float("inf"))
-    ways: dict[str, Callable[[], object]] = {
-        "poll": lambda: plain.poll(slow=args.slow),
-        "library": lambda: replay(calls),
-        "stubbed poll": lambda: stubbed.poll(slow=args.slow),
-        "stubs": lambda: replay(calls, answering),
-    }
-    for _ in range(max(1, args.rounds)):  # interleaved, so all see the same machine
-        for name, work in ways.items():
-            found[name] = min(found[name], best(work, args.repeat))
-    n = args.gpus
-    us = {name: seconds * 1e6 / n for name, seconds in found.items()}
-    kind = "slow" if args.slow else "fast"
-    print(f"{n} GPUs, {args.scenario}, {kind} polls: {len(calls) / n:.1f} NVML calls per GPU")
-    print(f"  poll     {us['poll']:7.1f} µs per GPU")
-    print(f"  library  {us['library']:7.1f} µs per GPU (the same calls replayed)")
-    agent, difference = us["stubbed poll"] - us["stubs"], us["poll"] - us["library"]
-    print(f"  agent    {agent:7.1f} µs per GPU (poll - library: {difference:.1f})")
+    measured = measure(
+        simulated_pynvml(node),
+        Recording(simulated_pynvml(node)),
+        slow=args.slow,
+        repeat=args.repeat,
+        rounds=args.rounds,
+    )
+    print(report(args.gpus, args.scenario, args.slow, measured))
 
 
 if __name__ == "__main__":

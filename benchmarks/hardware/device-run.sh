@@ -1,35 +1,40 @@
 #!/usr/bin/env bash
-# Every hardware check of issues #2, #4 and #9 on one NVIDIA GPU node, in two commands of under 10 minutes each.
+# Every hardware check of issues #2, #4, #9, 17 and #20 on one NVIDIA GPU node, in parts of under 10 minutes each.
 # Read-only on the GPU: nothing here changes clocks, power limits, persistence, compute mode or MIG.
 #
-#   bash benchmarks/hardware/device-run.sh probe   # ~7 min: nvidia-smi -q side by side, the agent scraped, the probe study
-#   bash benchmarks/hardware/device-run.sh cost    # ~5 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
+#   bash benchmarks/hardware/device-run.sh nvml    # ~2 min: environment, nvidia-smi -q side by side, every NVML call
+#                                                  #   of the backend as the driver answers it, the floor, GPM
+#   bash benchmarks/hardware/device-run.sh probe   # ~4 min: the probe study, the agent scraped
+#   bash benchmarks/hardware/device-run.sh cost    # ~3 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
+#   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
-# to $OUT (the device tool's folder; default /tmp/gpuwatch-hardware), at most 8 files per part: a summary.md to read
-# first, the raw JSON beside it, and log.txt with every command's output.
+# to $OUT (the device tool's folder; default /tmp/gpuwatch-hardware): per part a summary-PART.md to read first; the
+# raw JSON, the logs and the scraped pages in raw-PARTS.tar.gz (the device tool returns at most 8 files).
 set -uo pipefail
 
-part=${1:-}
-case "$part" in
-  probe | cost) ;;
-  *)
-    echo "usage: $0 probe|cost" >&2
-    exit 2
-    ;;
-esac
+[ $# -gt 0 ] || set -- usage
+for part in "$@"; do
+  case "$part" in
+    nvml | probe | cost) ;;
+    *)
+      echo "usage: $0 nvml|probe|cost..." >&2
+      exit 2
+      ;;
+  esac
+done
+parts=("$@")
 
 OUT=${OUT:-/tmp/gpuwatch-hardware}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 HERE=benchmarks/hardware
-LOG=$OUT/log-$part.txt
-SUMMARY=$OUT/summary-$part.md
 STATE=${GPUWATCH_HW_STATE:-/tmp/gpuwatch-hardware-state}
 SCRATCH=$(mktemp -d) # what the summary already holds: only 8 files come back from the device
-: >"$LOG"
-: >"$SUMMARY"
+RAW=$(mktemp -d)     # everything else, packed into one archive at the end
+LOG=$RAW/log-setup.txt
+SUMMARY=$RAW/summary-setup.md
 
 say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$LOG" >&2; }
@@ -53,11 +58,13 @@ GPUWATCH_FLAGS=(--backend nvml)
 SMI_FLAGS=()
 STUDY_FLAGS=()
 GPM_FLAGS=()
+SURVEY_FLAGS=()
 if [ "${DRY_RUN:-0}" = 1 ]; then
   GPUWATCH_FLAGS=(--backend simulated --gpus 1)
   SMI_FLAGS=(--backend simulated --match-index -- --gpus 1)
   STUDY_FLAGS=(--dry-run)
   GPM_FLAGS=(--dry-run)
+  SURVEY_FLAGS=(--dry-run)
   fake=$(mktemp -d)
   fixture=$PWD/tests/fixtures/h100/nvidia-smi-q.txt
   cat >"$fake/nvidia-smi" <<FAKE
@@ -102,7 +109,7 @@ print(sys.version); print("nvidia-ml-py", pynvml.__file__); print("torch", torch
 # `gpuwatch run` on the real GPU, scraped by curl: once at start, once after the agent's own probe ran (so the
 # gpuwatch_probe_* series come from the agent's scheduler, NSpid matching included); then SIGTERM, timed.
 agent_scraped() {
-  local port=9845 pid ok=0
+  local port=9845 pid ok=0 worker=""
   command -v curl >/dev/null || { echo "no curl on this machine: this step needs it"; return 1; }
   "${GW[@]}" run "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 30 --listen 127.0.0.1:$port --state-dir "$STATE" &
   pid=$!
@@ -112,21 +119,23 @@ agent_scraped() {
   done
   [ $ok = 1 ] || { echo "the agent did not become healthy within 20 s"; kill -KILL $pid; wait $pid; return 1; }
   sleep 3
-  curl -sS --max-time 10 -D - http://127.0.0.1:$port/metrics -o "$OUT/metrics-start.txt"
+  curl -sS --max-time 10 -D - http://127.0.0.1:$port/metrics -o "$RAW/metrics-start.txt"
   curl -sS --max-time 10 -w 'healthz: %{http_code} in %{time_total} s\n' http://127.0.0.1:$port/healthz
   for _ in $(seq 60); do # the first probe runs one interval (30 s) after start
-    grep -q '^gpuwatch_probe_runs_total{.*result="ok".*} [1-9]' "$OUT/metrics-probe.txt" 2>/dev/null && break
+    [ -n "$worker" ] || worker=$(ps -eo pid,ppid,args | grep -F 'gpuwatch.probe.worker' | grep -v grep)
+    grep -q '^gpuwatch_probe_runs_total{.*result="ok".*} [1-9]' "$RAW/metrics-probe.txt" 2>/dev/null && break
     sleep 1.5
-    curl -sS --max-time 10 http://127.0.0.1:$port/metrics -o "$OUT/metrics-probe.txt"
+    curl -sS --max-time 10 http://127.0.0.1:$port/metrics -o "$RAW/metrics-probe.txt"
   done
   for _ in 1 2 3 4 5; do curl -sS --max-time 10 -o /dev/null \
     -w 'scrape: %{http_code} %{size_download} B in %{time_total} s\n' http://127.0.0.1:$port/metrics; done
+  echo "the agent's probe worker (isolated mode: python -I): ${worker:-not seen}"
   local t0=$SECONDS
   kill -TERM $pid
   (sleep 20 && kill -KILL $pid 2>/dev/null && echo "the agent was still running 20 s after SIGTERM: killed") &
   wait $pid
   echo "agent exit status $? after SIGTERM, $((SECONDS - t0)) s"
-  "$PY" - "$OUT/metrics-start.txt" "$OUT/metrics-probe.txt" <<'PYEOF'
+  "$PY" - "$RAW/metrics-start.txt" "$RAW/metrics-probe.txt" <<'PYEOF'
 import sys
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -138,24 +147,36 @@ for path in sys.argv[1:]:
 PYEOF
 }
 
-if [ "$part" = probe ]; then
-  say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
-  rm -rf "$STATE"
-  # Typical: 20 + 5 + 300 + 40 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table
-  # goes into the summary as soon as its step ends, so whatever finished comes back.
+for part in "${parts[@]}"; do
+LOG=$RAW/log-$part.txt
+SUMMARY=$OUT/summary-$part.md
+: >"$LOG"
+: >"$SUMMARY"
+if [ "$part" = nvml ]; then
+  say "# gpuwatch hardware checks, part nvml ($(date -u +%FT%TZ))"
+  # Typical: 20 + 5 + 30 + 45 s.
   step "environment"
   environment >>"$LOG" 2>&1
   say "- environment: exit $?"
+  grep -E 'Driver Version|CUDA Version|Product Name|Persistence Mode' "$LOG" | head -5 | sed 's/^/    /' >>"$SUMMARY"
   run "snapshot beside nvidia-smi -q" 90 \
-    "$PY" $HERE/smi_compare.py --live --gpuwatch "${GW[*]}" --json "$OUT/smi_compare.json" --markdown "$SCRATCH/smi.md" \
+    "$PY" $HERE/smi_compare.py --live --gpuwatch "${GW[*]}" --json "$RAW/smi_compare.json" --markdown "$SCRATCH/smi.md" \
     "${SMI_FLAGS[@]}"
   cat "$SCRATCH/smi.md" >>"$SUMMARY" 2>/dev/null
-  run "probe study" 390 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$OUT/probe_study.json" \
-    --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}"
-  cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
-  run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$OUT/gpm_check.json" \
+  run "every NVML call of the backend, and the floor" 120 "$PY" $HERE/nvml_survey.py \
+    --out "$OUT/nvml-backend-calls.json" --markdown "$SCRATCH/survey.md" "${SURVEY_FLAGS[@]}"
+  cat "$SCRATCH/survey.md" >>"$SUMMARY" 2>/dev/null
+  run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$RAW/gpm_check.json" \
     --markdown "$SCRATCH/gpm.md" "${GPM_FLAGS[@]}"
   cat "$SCRATCH/gpm.md" >>"$SUMMARY" 2>/dev/null
+elif [ "$part" = probe ]; then
+  say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
+  rm -rf "$STATE"
+  # Typical: 200 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table goes into
+  # the summary as soon as its step ends, so whatever finished comes back.
+  run "probe study" 330 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$RAW/probe_study.json" \
+    --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}" ${PROBE_STUDY_ARGS:-}
+  cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
   step "agent scraped by curl"
   started=$SECONDS
   agent_scraped >>"$LOG" 2>&1
@@ -163,7 +184,7 @@ if [ "$part" = probe ]; then
 else
   say "# gpuwatch hardware checks, part cost ($(date -u +%FT%TZ))"
   B=benchmarks/agent_cost.py
-  D=${COST_DURATION:-60}
+  D=${COST_DURATION:-40}
   # One nvidia-smi per scrape with every field it knows: what nvidia_gpu_exporter does by default (its AUTO mode
   # reads the field list from --help-query-gpu once, then queries all of it on every scrape). A short list if the
   # driver rejects that.
@@ -173,22 +194,27 @@ else
     Q=$Q,clocks_event_reasons.active,utilization.gpu,utilization.memory,memory.used,memory.total,pstate
   fi
   say "- nvidia-smi fields per scrape: $(tr ',' '\n' <<<"$Q" | wc -l)"
-  run "gpuwatch" 150 "$PY" $B --duration "$D" --label gpuwatch --save "$OUT/cost-gpuwatch.json" \
+  run "gpuwatch" 150 "$PY" $B --duration "$D" --label gpuwatch --save "$RAW/cost-gpuwatch.json" \
     -- "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 0
-  run "nvitop-exporter 1.7.2" 150 "$PY" $B --duration "$D" --label nvitop-exporter --save "$OUT/cost-nvitop.json" \
+  run "nvitop-exporter 1.7.2" 150 "$PY" $B --duration "$D" --label nvitop-exporter --save "$RAW/cost-nvitop.json" \
     --agent-cmd "$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1"
-  run "nvidia-smi per scrape" 150 "$PY" $B --duration "$D" --label nvidia-smi --save "$OUT/cost-nvidia-smi.json" \
+  run "nvidia-smi per scrape" 150 "$PY" $B --duration "$D" --label nvidia-smi --save "$RAW/cost-nvidia-smi.json" \
     --exec-csv --exec-per-scrape "$(command -v nvidia-smi) --query-gpu=$Q --format=csv"
   step "compare"
   {
     echo
     echo '```'
     reports=()
-    for arm in gpuwatch nvitop nvidia-smi; do [ -f "$OUT/cost-$arm.json" ] && reports+=("$OUT/cost-$arm.json"); done
+    for arm in gpuwatch nvitop nvidia-smi; do [ -f "$RAW/cost-$arm.json" ] && reports+=("$RAW/cost-$arm.json"); done
     [ ${#reports[@]} -gt 0 ] && "$PY" $B --compare "${reports[@]}"
     echo '```'
   } >>"$SUMMARY" 2>>"$LOG"
 fi
+done
 
-echo
-cat "$SUMMARY"
+# Everything raw in one archive (the device tool returns at most 8 files), the summaries beside it.
+tar -czf "$OUT/raw-$(IFS=-; echo "${parts[*]}").tar.gz" -C "$RAW" . 2>/dev/null
+for part in "${parts[@]}"; do
+  echo
+  cat "$OUT/summary-$part.md"
+done
