@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -94,6 +95,29 @@ def test_the_simulated_worker_is_a_realistic_h100_slowed_by_the_scenario() -> No
     assert slow["flops_median"] == pytest.approx(0.8 * healthy["flops_median"])
     refused = subprocess.run([*WORKER, "--simulate"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unrecognized arguments: --simulate" in refused.stderr
+
+
+def test_the_simulated_workers_noise_and_spread_are_what_h100s_measured() -> None:
+    """Probe to probe and within a probe, the simulated H100 varies as real ones did: the CV of the median between
+    the fixture H100's (0.14-0.42 %, tests/fixtures/h100/probe-measurements.json) and a second H100's (10 idle probes,
+    twice: benchmarks/hardware/results/2026-11-26-h100/probe_study*.json), the timed matmuls' p10 and p90 as far from
+    the median as that H100's were."""
+    from gpuwatch.simulated.probe_worker import simulate, simulated_parser
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks/hardware/results/2026-11-26-h100"
+    studies = [json.loads((results / name).read_text()) for name in ("probe_study.json", "probe_study_defaults.json")]
+    real_cv = [study["probes"]["stats"]["flops_all"]["cv_pct_population"] / 100 for study in studies]
+    measured = [p["result"]["measured"] for study in studies for p in study["probes"]["probes"]]
+    below = [1 - m["flops_p10"] / m["flops_median"] for m in measured]
+    above = [m["flops_p90"] / m["flops_median"] - 1 for m in measured]
+    docs = [simulate(simulated_parser().parse_args(["--seed", str(seed), "--seconds", "0"])) for seed in range(300)]
+    medians = [doc["flops_median"] for doc in docs]
+    cv = statistics.pstdev(medians) / statistics.fmean(medians)
+    assert 0.0014 <= cv <= max(real_cv)
+    sim_below = [1 - doc["flops_p10"] / doc["flops_median"] for doc in docs]
+    sim_above = [doc["flops_p90"] / doc["flops_median"] - 1 for doc in docs]
+    assert min(below) <= statistics.median(sim_below) <= max(below)
+    assert min(above) <= statistics.median(sim_above) <= max(above)
 
 
 def test_device_timing_loop_times_every_matmul_between_its_events() -> None:
