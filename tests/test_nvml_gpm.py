@@ -7,6 +7,7 @@ nvml.h (go-nvml gen/nvml/nvml.h, NVML 13.3.29, "GPM Functions"): allocate two sa
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,29 @@ def test_mig_samples_need_a_gpu_instance(release: Path) -> None:
     handle = lib.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(lib.NVMLError_InvalidArgument):
         lib.nvmlGpmMigSampleGet(handle, 0, lib.nvmlGpmSampleAlloc())
+
+
+def test_a_reused_request_reads_what_the_bindings_structures_say(release: Path) -> None:
+    """The backend keeps one request per GPU and reads its answers from the array's bytes at the offsets the
+    binding's own nvmlGpmMetric_t declares (gpuwatch/backends/nvml_gpm_request.py): over two intervals, the same
+    request gives exactly what reading each metric through pynvml's structures gives, errors left out."""
+    from gpuwatch.backends.nvml_gpm_request import MetricsRequest
+
+    clock = _Clock()
+    node = SimulatedNode("training", gpus=1, clock=clock, wall_clock=lambda: 1.8e9)
+    lib = simulated_pynvml(node, binding=release)
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    ids = [SM_UTIL, ANY_TENSOR, HMMA, PCIE_RX_PER_SEC, SM_CYCLES_ELAPSED]  # the last: InvalidArgument on 580
+    request = MetricsRequest(lib, ids)
+    samples = [lib.nvmlGpmSampleAlloc() for _ in range(3)]
+    lib.nvmlGpmSampleGet(handle, samples[0])
+    for first, second in itertools.pairwise(samples):
+        clock.t += 5.0
+        lib.nvmlGpmSampleGet(handle, second)
+        lib.nvmlGpmMetricsGet(request.prepare(first, second))
+        through_pynvml = {
+            int(m.metricId): float(m.value) for m in request.request.metrics[: len(ids)] if int(m.nvmlReturn) == 0
+        }
+        assert request.answers() == through_pynvml
+        assert set(through_pynvml) == {SM_UTIL, ANY_TENSOR, HMMA, PCIE_RX_PER_SEC} and through_pynvml[SM_UTIL] > 50

@@ -11,10 +11,12 @@ these series, never zeros; `activity_support` says why, for `gpuwatch check`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwatch.backends.base import BackendUnavailable
+from gpuwatch.backends.nvml_gpm_request import MetricsRequest
 from gpuwatch.backends.nvml_slow import NvmlSlowTier, _Gpu
 from gpuwatch.backends.tiered import Unavailable
 from gpuwatch.model import GpuSample
@@ -66,6 +68,34 @@ _GIVE_UP: dict[int | None, str] = {
 _NVLINK_GPM_LINKS = 18  # NVML_GPM_METRIC_NVLINK_L0..L17_*_PER_SEC
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one nvmlGpmMetricsGet asks: the same for every poll of a GPU until its links or the driver change."""
+
+    rates: dict[tuple[str, str], int]  # ("pcie" | link, rx | tx) -> per-second metric id
+    counters: dict[tuple[str, str], int]  # since reboot: ("cycles", pipe), ("pcie_total" | "nvlink_total:N", rx | tx)
+    wanted: tuple[int, ...]  # every id asked, in order: shares, rates, counters, cut to the binding's array
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(links: tuple[int, ...], cumulative: bool, room: int) -> _Plan:
+    """The ids for a GPU with NVLink `links`; the since-reboot ones unless the driver already said it has none."""
+    rates = {("pcie", direction): metric for direction, metric in _PCIE_PER_SEC.items()}
+    for link in links:
+        for direction, metric in _NVLINK_L0_PER_SEC.items():
+            rates[(str(link), direction)] = metric + 2 * link
+    counters: dict[tuple[str, str], int] = {}
+    if cumulative:
+        counters[("cycles", "elapsed")] = _SM_CYCLES_ELAPSED
+        counters.update({("cycles", pipe): metric for metric, pipe in _CYCLES.items()})
+        counters.update({("pcie_total", direction): metric for direction, metric in _PCIE_BYTES.items()})
+        for link in links:
+            for direction, metric in _NVLINK_L0_BYTES.items():
+                counters[(f"nvlink_total:{link}", direction)] = metric + 2 * link
+    wanted = (*_SHARES, *rates.values(), *counters.values())[:room]
+    return _Plan(rates, counters, wanted)
+
+
 @dataclass
 class _GpmState:
     """One GPU's GPM between polls: its two sample buffers, when the last was taken, and the running sums."""
@@ -80,6 +110,7 @@ class _GpmState:
     cycles: dict[str, float] = field(default_factory=dict)  # elapsed and active by pipe: the device's, as read
     pcie: dict[str, float] = field(default_factory=dict)  # rx, tx: the device's counter, else the rates summed
     nvlink: dict[tuple[str, str], float] = field(default_factory=dict)  # (link, rx|tx), likewise
+    request: MetricsRequest | None = None  # the last metric ids asked, kept for the next poll
 
 
 class NvmlGpmTier(NvmlSlowTier):
@@ -170,22 +201,17 @@ class NvmlGpmTier(NvmlSlowTier):
         self, gpu: _Gpu, state: _GpmState, first: Any, second: Any, seconds: float, sample: GpuSample
     ) -> None:
         """One nvmlGpmMetricsGet over the poll interval; its shares, rates and counters into the sample."""
-        ids = {name: metric for metric, name in _SHARES.items()}
-        links = [link for link in gpu.nvlinks if link < _NVLINK_GPM_LINKS]
-        rates = {("pcie", direction): metric for direction, metric in _PCIE_PER_SEC.items()}
-        for link in links:
-            for direction, metric in _NVLINK_L0_PER_SEC.items():
-                rates[(str(link), direction)] = metric + 2 * link
-        counters = self._cumulative_ids(state, links)
+        links = tuple(link for link in gpu.nvlinks if link < _NVLINK_GPM_LINKS)
         room = int(getattr(self._lib, "NVML_GPM_METRIC_MAX", 98))  # the binding's metrics[] array
-        wanted = [*ids.values(), *rates.values(), *counters.values()][:room]
-        answers = self._metrics_get(first, second, wanted)
-        if answers is None and counters:  # a driver that refuses the ids it does not know: ask without them
-            state.cumulative, counters = False, {}
-            answers = self._metrics_get(first, second, [*ids.values(), *rates.values()])
+        plan = _plan(links, state.cumulative is not False, room)
+        answers = self._metrics_get(state, first, second, plan.wanted)
+        if answers is None and plan.counters:  # a driver that refuses the ids it does not know: ask without them
+            state.cumulative = False
+            plan = _plan(links, False, room)
+            answers = self._metrics_get(state, first, second, plan.wanted)
         if answers is None:
             return
-        shares = {name: min(1.0, max(0.0, answers[i] / 100)) for name, i in ids.items() if i in answers}
+        shares = {name: min(1.0, max(0.0, answers[i] / 100)) for i, name in _SHARES.items() if i in answers}
         sample.sm_active_ratio = shares.get("sm_active")
         sample.sm_occupancy_ratio = shares.get("sm_occupancy")
         sample.tensor_active_ratio = shares.get("tensor_active")
@@ -194,36 +220,19 @@ class NvmlGpmTier(NvmlSlowTier):
         for key, share in (("sm", sample.sm_active_ratio), ("tensor", sample.tensor_active_ratio)):
             if share is not None:
                 state.seconds[key] = state.seconds.get(key, 0.0) + share * seconds
-        self._gpm_counters(state, answers, counters, rates, seconds)
+        self._gpm_counters(state, answers, plan.counters, plan.rates, seconds)
 
-    @staticmethod
-    def _cumulative_ids(state: _GpmState, links: list[int]) -> dict[tuple[str, str], int]:
-        """The since-reboot metric ids, unless the driver already said it has none."""
-        if state.cumulative is False:
-            return {}
-        ids = {("cycles", "elapsed"): _SM_CYCLES_ELAPSED}
-        ids.update({("cycles", pipe): metric for metric, pipe in _CYCLES.items()})
-        ids.update({("pcie_total", direction): metric for direction, metric in _PCIE_BYTES.items()})
-        for link in links:
-            for direction, metric in _NVLINK_L0_BYTES.items():
-                ids[(f"nvlink_total:{link}", direction)] = metric + 2 * link
-        return ids
-
-    def _metrics_get(self, first: Any, second: Any, ids: list[int]) -> dict[int, float] | None:
+    def _metrics_get(self, state: _GpmState, first: Any, second: Any, ids: tuple[int, ...]) -> dict[int, float] | None:
         """metricId -> value for every metric NVML answered; None when the call itself was refused."""
-        lib = self._lib
-        request = lib.c_nvmlGpmMetricsGet_t()
-        request.version = lib.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(ids)
-        request.sample1, request.sample2 = first, second
-        for i, metric in enumerate(ids):
-            request.metrics[i].metricId = metric
+        request = state.request
+        if request is None or request.ids != ids:
+            request = state.request = MetricsRequest(self._lib, ids)
         try:
-            self._invoke(None, "nvmlGpmMetricsGet", (request,), {})
+            self._invoke(None, "nvmlGpmMetricsGet", (request.prepare(first, second),), {})
         except Unavailable as exc:
             self.log.debug("nvmlGpmMetricsGet: %s", exc)
             return None
-        return {int(m.metricId): float(m.value) for m in request.metrics[: len(ids)] if int(m.nvmlReturn) == 0}
+        return request.answers()
 
     @staticmethod
     def _gpm_counters(
