@@ -2,10 +2,10 @@
 # Every hardware check of issues #2, #4, #9, 17 and #20 on one NVIDIA GPU node, in parts of under 10 minutes each.
 # Read-only on the GPU: nothing here changes clocks, power limits, persistence, compute mode or MIG.
 #
-#   bash benchmarks/hardware/device-run.sh nvml    # ~2 min: environment, nvidia-smi -q side by side, every NVML call
-#                                                  #   of the backend as the driver answers it, the floor, GPM
-#   bash benchmarks/hardware/device-run.sh probe   # ~4 min: the probe study, the agent scraped
-#   bash benchmarks/hardware/device-run.sh cost    # ~3 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
+#   bash benchmarks/hardware/device-run.sh nvml    # ~1.5 min: environment, nvidia-smi -q side by side, every NVML
+#                                                  #   call of the backend as the driver answers it, the floor, GPM
+#   bash benchmarks/hardware/device-run.sh probe   # ~2.5 min: the probe study, the agent scraped
+#   bash benchmarks/hardware/device-run.sh cost    # ~2.5 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
 #   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
@@ -148,68 +148,68 @@ PYEOF
 }
 
 for part in "${parts[@]}"; do
-LOG=$RAW/log-$part.txt
-SUMMARY=$OUT/summary-$part.md
-: >"$LOG"
-: >"$SUMMARY"
-if [ "$part" = nvml ]; then
-  say "# gpuwatch hardware checks, part nvml ($(date -u +%FT%TZ))"
-  # Typical: 20 + 5 + 30 + 45 s.
-  step "environment"
-  environment >>"$LOG" 2>&1
-  say "- environment: exit $?"
-  grep -E 'Driver Version|CUDA Version|Product Name|Persistence Mode' "$LOG" | head -5 | sed 's/^/    /' >>"$SUMMARY"
-  run "snapshot beside nvidia-smi -q" 90 \
-    "$PY" $HERE/smi_compare.py --live --gpuwatch "${GW[*]}" --json "$RAW/smi_compare.json" --markdown "$SCRATCH/smi.md" \
-    "${SMI_FLAGS[@]}"
-  cat "$SCRATCH/smi.md" >>"$SUMMARY" 2>/dev/null
-  run "every NVML call of the backend, and the floor" 120 "$PY" $HERE/nvml_survey.py \
-    --out "$OUT/nvml-backend-calls.json" --markdown "$SCRATCH/survey.md" "${SURVEY_FLAGS[@]}"
-  cat "$SCRATCH/survey.md" >>"$SUMMARY" 2>/dev/null
-  run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$RAW/gpm_check.json" \
-    --markdown "$SCRATCH/gpm.md" "${GPM_FLAGS[@]}"
-  cat "$SCRATCH/gpm.md" >>"$SUMMARY" 2>/dev/null
-elif [ "$part" = probe ]; then
-  say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
-  rm -rf "$STATE"
-  # Typical: 200 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table goes into
-  # the summary as soon as its step ends, so whatever finished comes back.
-  run "probe study" 330 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$RAW/probe_study.json" \
-    --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}" ${PROBE_STUDY_ARGS:-}
-  cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
-  step "agent scraped by curl"
-  started=$SECONDS
-  agent_scraped >>"$LOG" 2>&1
-  say "- agent scraped by curl: exit $?, $((SECONDS - started)) s"
-else
-  say "# gpuwatch hardware checks, part cost ($(date -u +%FT%TZ))"
-  B=benchmarks/agent_cost.py
-  D=${COST_DURATION:-40}
-  # One nvidia-smi per scrape with every field it knows: what nvidia_gpu_exporter does by default (its AUTO mode
-  # reads the field list from --help-query-gpu once, then queries all of it on every scrape). A short list if the
-  # driver rejects that.
-  Q=$(timeout 30 nvidia-smi --help-query-gpu | sed -n 's/^"\([^"]*\)".*/\1/p' | paste -sd, -)
-  if ! timeout 30 nvidia-smi --query-gpu="$Q" --format=csv >/dev/null 2>&1; then
-    Q=index,uuid,name,temperature.gpu,temperature.memory,power.draw,enforced.power.limit,clocks.sm,clocks.mem
-    Q=$Q,clocks_event_reasons.active,utilization.gpu,utilization.memory,memory.used,memory.total,pstate
+  LOG=$RAW/log-$part.txt
+  SUMMARY=$OUT/summary-$part.md
+  : >"$LOG"
+  : >"$SUMMARY"
+  if [ "$part" = nvml ]; then
+    say "# gpuwatch hardware checks, part nvml ($(date -u +%FT%TZ))"
+    # Typical: 20 + 5 + 30 + 45 s.
+    step "environment"
+    environment >>"$LOG" 2>&1
+    say "- environment: exit $?"
+    grep -E 'Driver Version|CUDA Version|Product Name|Persistence Mode' "$LOG" | head -5 | sed 's/^/    /' >>"$SUMMARY"
+    run "snapshot beside nvidia-smi -q" 90 \
+      "$PY" $HERE/smi_compare.py --live --gpuwatch "${GW[*]}" --json "$RAW/smi_compare.json" --markdown "$SCRATCH/smi.md" \
+      "${SMI_FLAGS[@]}"
+    cat "$SCRATCH/smi.md" >>"$SUMMARY" 2>/dev/null
+    run "every NVML call of the backend, and the floor" 120 "$PY" $HERE/nvml_survey.py \
+      --out "$OUT/nvml-backend-calls.json" --markdown "$SCRATCH/survey.md" "${SURVEY_FLAGS[@]}"
+    cat "$SCRATCH/survey.md" >>"$SUMMARY" 2>/dev/null
+    run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$RAW/gpm_check.json" \
+      --markdown "$SCRATCH/gpm.md" "${GPM_FLAGS[@]}"
+    cat "$SCRATCH/gpm.md" >>"$SUMMARY" 2>/dev/null
+  elif [ "$part" = probe ]; then
+    say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
+    rm -rf "$STATE"
+    # Typical: 200 + 50 s. The limits add up to more than the device's 600 s only if steps hang; each table goes into
+    # the summary as soon as its step ends, so whatever finished comes back.
+    run "probe study" 330 "$PY" $HERE/probe_study.py --state-dir "$STATE" --out "$RAW/probe_study.json" \
+      --markdown "$SCRATCH/study.md" "${STUDY_FLAGS[@]}" ${PROBE_STUDY_ARGS:-}
+    cat "$SCRATCH/study.md" >>"$SUMMARY" 2>/dev/null
+    step "agent scraped by curl"
+    started=$SECONDS
+    agent_scraped >>"$LOG" 2>&1
+    say "- agent scraped by curl: exit $?, $((SECONDS - started)) s"
+  else
+    say "# gpuwatch hardware checks, part cost ($(date -u +%FT%TZ))"
+    B=benchmarks/agent_cost.py
+    D=${COST_DURATION:-40}
+    # One nvidia-smi per scrape with every field it knows: what nvidia_gpu_exporter does by default (its AUTO mode
+    # reads the field list from --help-query-gpu once, then queries all of it on every scrape). A short list if the
+    # driver rejects that.
+    Q=$(timeout 30 nvidia-smi --help-query-gpu | sed -n 's/^"\([^"]*\)".*/\1/p' | paste -sd, -)
+    if ! timeout 30 nvidia-smi --query-gpu="$Q" --format=csv >/dev/null 2>&1; then
+      Q=index,uuid,name,temperature.gpu,temperature.memory,power.draw,enforced.power.limit,clocks.sm,clocks.mem
+      Q=$Q,clocks_event_reasons.active,utilization.gpu,utilization.memory,memory.used,memory.total,pstate
+    fi
+    say "- nvidia-smi fields per scrape: $(tr ',' '\n' <<<"$Q" | wc -l)"
+    run "gpuwatch" 150 "$PY" $B --duration "$D" --label gpuwatch --save "$RAW/cost-gpuwatch.json" \
+      -- "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 0
+    run "nvitop-exporter 1.7.2" 150 "$PY" $B --duration "$D" --label nvitop-exporter --save "$RAW/cost-nvitop.json" \
+      --agent-cmd "$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1"
+    run "nvidia-smi per scrape" 150 "$PY" $B --duration "$D" --label nvidia-smi --save "$RAW/cost-nvidia-smi.json" \
+      --exec-csv --exec-per-scrape "$(command -v nvidia-smi) --query-gpu=$Q --format=csv"
+    step "compare"
+    {
+      echo
+      echo '```'
+      reports=()
+      for arm in gpuwatch nvitop nvidia-smi; do [ -f "$RAW/cost-$arm.json" ] && reports+=("$RAW/cost-$arm.json"); done
+      [ ${#reports[@]} -gt 0 ] && "$PY" $B --compare "${reports[@]}"
+      echo '```'
+    } >>"$SUMMARY" 2>>"$LOG"
   fi
-  say "- nvidia-smi fields per scrape: $(tr ',' '\n' <<<"$Q" | wc -l)"
-  run "gpuwatch" 150 "$PY" $B --duration "$D" --label gpuwatch --save "$RAW/cost-gpuwatch.json" \
-    -- "${GPUWATCH_FLAGS[@]}" --poll-interval 1 --probe-interval 0
-  run "nvitop-exporter 1.7.2" 150 "$PY" $B --duration "$D" --label nvitop-exporter --save "$RAW/cost-nvitop.json" \
-    --agent-cmd "$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1"
-  run "nvidia-smi per scrape" 150 "$PY" $B --duration "$D" --label nvidia-smi --save "$RAW/cost-nvidia-smi.json" \
-    --exec-csv --exec-per-scrape "$(command -v nvidia-smi) --query-gpu=$Q --format=csv"
-  step "compare"
-  {
-    echo
-    echo '```'
-    reports=()
-    for arm in gpuwatch nvitop nvidia-smi; do [ -f "$RAW/cost-$arm.json" ] && reports+=("$RAW/cost-$arm.json"); done
-    [ ${#reports[@]} -gt 0 ] && "$PY" $B --compare "${reports[@]}"
-    echo '```'
-  } >>"$SUMMARY" 2>>"$LOG"
-fi
 done
 
 # Everything raw in one archive (the device tool returns at most 8 files), the summaries beside it.
