@@ -5,7 +5,8 @@ Read-only on the GPU (it changes no setting). Two parts:
 
 1. calls: the NVML backend opened and polled (fast and slow tiers, GPM included) over the real pynvml, every nvml*
    call recorded with its arguments, its answer (ctypes structures unpacked to plain JSON, field values with their
-   own nvmlReturn), the NVMLError code where it raised, and its wall time. This is what the simulated libnvidia-ml
+   own nvmlReturn), the NVMLError code where it raised, its wall time and the CPU time it cost this thread (a driver
+   call that waits costs wall time only; one that computes, both). This is what the simulated libnvidia-ml
    must answer the same way: `tests/fixtures/h100/nvml-backend-calls.json` is this file from an H100, and the
    conformance tests compare the simulation with it.
 2. floor: `benchmarks/agent_overhead.py`'s measurement over the real library: a poll's CPU time against the CPU time
@@ -77,7 +78,7 @@ class TimedRecording(Recording):
         inner = super()._recorded(name, function)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             entry: dict[str, Any] = {"phase": self.phase, "function": name}
             try:
                 answer = inner(*args, **kwargs)
@@ -93,6 +94,7 @@ class TimedRecording(Recording):
                 return answer
             finally:
                 entry["ms"] = round((time.perf_counter() - started) * 1000, 4)
+                entry["cpu_ms"] = round((time.thread_time() - cpu_started) * 1000, 4)  # user + system, this thread
                 entry["args"] = plain(args[1:] if args else ())  # after the call: out-parameters filled
                 self.log.append(entry)
 
@@ -124,7 +126,9 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per function: calls, answers (ok or each error code), median and max wall time."""
     rows: dict[str, dict[str, Any]] = {}
     for entry in log:
-        row = rows.setdefault(entry["function"], {"function": entry["function"], "calls": 0, "answers": {}, "ms": []})
+        row = rows.setdefault(
+            entry["function"], {"function": entry["function"], "calls": 0, "answers": {}, "ms": [], "cpu_ms": []}
+        )
         row["calls"] += 1
         if "error" in entry:
             answer = f"error {entry['error']} ({entry['error_text']})"
@@ -134,10 +138,13 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
             answer = "ok"
         row["answers"][answer] = row["answers"].get(answer, 0) + 1
         row["ms"].append(entry["ms"])
+        if "cpu_ms" in entry:  # fixtures recorded before the column existed have none
+            row["cpu_ms"].append(entry["cpu_ms"])
     for row in rows.values():
-        times = row.pop("ms")
+        times, cpu = row.pop("ms"), row.pop("cpu_ms")
         row["median_ms"] = round(statistics.median(times), 4)
         row["max_ms"] = round(max(times), 4)
+        row["median_cpu_ms"] = round(statistics.median(cpu), 4) if cpu else None
     return sorted(rows.values(), key=lambda row: row["function"])
 
 
@@ -155,10 +162,11 @@ def field_values(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], fields: list[dict[str, Any]], floors: list[str]) -> str:
     lines = ["", "### NVML calls of the backend (open, slow and fast polls, close)", ""]
-    lines += ["| function | calls | answers | median ms | max ms |", "|---|---|---|---|---|"]
+    lines += ["| function | calls | answers | median ms | median CPU ms | max ms |", "|---|---|---|---|---|---|"]
     for row in rows:
         answers = ", ".join(f"{answer} ×{count}" for answer, count in row["answers"].items())
-        lines.append(f"| {row['function']} | {row['calls']} | {answers} | {row['median_ms']} | {row['max_ms']} |")
+        cells = (row["function"], row["calls"], answers, row["median_ms"], row["median_cpu_ms"], row["max_ms"])
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     if fields:
         lines += ["", "Field values (nvmlReturn 0 is success, 3 not supported):", ""]
         lines.append(", ".join(f"{row['fieldId']}: {row['nvmlReturn']}" for row in fields))
