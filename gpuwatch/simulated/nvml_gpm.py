@@ -86,7 +86,6 @@ _CYCLES = {
     c.NVML_GPM_METRIC_FP32_CYCLES_ACTIVE: "fp32",
     c.NVML_GPM_METRIC_FP16_CYCLES_ACTIVE: "fp16",
 }
-# metricInfo strings (NUL-terminated, alive as long as the module): short name, long name, unit
 # metricInfo (shortName, longName, unit) as the 580.159.04 driver filled it on an H100 (tests/fixtures/h100/
 # nvml-backend-calls.json): DMMA has a unit and no names there; an id the driver does not know gets none of the three.
 _METRIC_INFO: dict[int, tuple[str | None, str | None, str | None]] = {
