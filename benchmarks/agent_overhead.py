@@ -147,7 +147,8 @@ def measure(plain_lib: Any, recording: Recording, *, slow: bool, repeat: int, ro
     }
 
 
-def report(n: int, label: str, slow: bool, measured: dict[str, Any]) -> str:
+def report(label: str, slow: bool, measured: dict[str, Any]) -> str:
+    n = measured["gpus"]
     us = {name: seconds * 1e6 / n for name, seconds in measured["seconds"].items()}
     kind = "slow" if slow else "fast"
     agent, difference = measured["agent"] * 1e6 / n, measured["poll_minus_library"] * 1e6 / n
@@ -178,7 +179,7 @@ def main() -> None:
         repeat=args.repeat,
         rounds=args.rounds,
     )
-    print(report(args.gpus, args.scenario, args.slow, measured))
+    print(report(args.scenario, args.slow, measured))
 
 
 if __name__ == "__main__":

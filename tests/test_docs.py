@@ -3,7 +3,6 @@ rules, their thresholds and the inhibitions. The committed files must be what th
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from types import ModuleType
 
 import pytest
 import yaml
-from repofiles import REPO
+from repofiles import REPO, load_script
 
 from gpuwatch.cli import build_parser
 from gpuwatch.exitcodes import MEANINGS
@@ -22,11 +21,7 @@ GENERATOR = REPO / "docs" / "generate.py"
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_generate", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GENERATOR, "docs_generate")
 
 
 @pytest.mark.parametrize("name", ["metrics.md", "alerts.md"])

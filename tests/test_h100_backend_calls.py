@@ -11,16 +11,14 @@ time, and the simulation's latency model taken from the same reading.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from collections import Counter
 from types import ModuleType
 from typing import Any
 
 import pytest
-from repofiles import REPO
+from repofiles import REPO, load_script
 
 from gpuwatch.simulated import libnvml
 from gpuwatch.simulated.bindings import simulated_pynvml
@@ -65,13 +63,7 @@ MEMORY_STATIC = ("version", "total", "reserved")  # free and used move with ever
 
 
 def _survey() -> ModuleType:
-    path = REPO / "benchmarks" / "hardware" / "nvml_survey.py"
-    spec = importlib.util.spec_from_file_location("nvml_survey", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nvml_survey"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "hardware" / "nvml_survey.py", "nvml_survey")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ the same moment as that text (nvml-idle.json) must come out as a full match.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from repofiles import REPO
+from repofiles import REPO, load_script
 
 SCRIPT = REPO / "benchmarks" / "hardware" / "smi_compare.py"
 FIXTURES = REPO / "tests" / "fixtures" / "h100"
@@ -50,12 +49,7 @@ STATIC = (
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("smi_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["smi_compare"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "smi_compare")
 
 
 sc = _load()
