@@ -162,6 +162,9 @@ def _add_fleet_parser(sub: Any) -> None:
     fleet.add_argument("--poll-interval", type=float, metavar="SECONDS", help="per node (default 5 in a fleet)")
     fleet.add_argument("--state-dir", type=Path, help="per-node state dirs go under it (default: a temp dir)")
     fleet.add_argument("--config", type=Path, help="a config file every node reads (e.g. [probe] settings)")
+    fleet.add_argument(
+        "--node-config", action="append", default=[], metavar="NODE=FILE", help="that node reads FILE instead"
+    )
     fleet.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
     fleet.add_argument("--nodes-per-process", type=int, default=50, metavar="N", help="nodes per process (default 50)")
 

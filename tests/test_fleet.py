@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ports import free_port_range
 
-from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault
+from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault, parse_node_config
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 
@@ -44,6 +44,29 @@ def test_faults_by_number_and_name() -> None:
         make_plan(nodes=1, gpus=1, port_base=20000, vendor="intel")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("3", "expected NODE=FILE"),
+        ("=fast.toml", "expected NODE=FILE"),
+        ("9=fast.toml", "no node 9"),
+        ("x=fast.toml", "neither a number"),
+    ],
+)
+def test_bad_node_configs_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(FleetError, match=message):
+        parse_node_config(text, nodes=4)
+
+
+def test_a_node_config_replaces_the_fleet_config_for_that_node_only() -> None:
+    plan = make_plan(
+        nodes=3, gpus=1, port_base=20000, config_path=Path("fleet.toml"), node_configs=["node-002=fast.toml"]
+    )
+    assert [plan.config_of(i) for i in range(3)] == [Path("fleet.toml"), Path("fleet.toml"), Path("fast.toml")]
+    with pytest.raises(FleetError, match="node 1 is given two config files"):
+        make_plan(nodes=3, gpus=1, port_base=20000, node_configs=["1=a.toml", "node-001=b.toml"])
+
+
 def test_a_gpu_scenario_faults_only_that_gpu() -> None:
     node = SimulatedNode("healthy", gpus=4, gpu_scenarios={1: "power_limit_low"})
     assert node.fault_gpus == (1,)
@@ -58,6 +81,9 @@ def test_fleet_in_several_processes_serves_every_node(tmp_path: Path, vendor: st
     cmd += ["--vendor", vendor]
     cmd += ["--targets", str(targets), "--nodes-per-process", "2", "--state-dir", str(tmp_path / "state")]
     cmd += ["--fault", "1/1=gpu_lost"]
+    (tmp_path / "fleet.toml").write_text("[probe]\ninterval_seconds = 600.0\n")
+    (tmp_path / "fast.toml").write_text("[probe]\ninterval_seconds = 30.0\n")
+    cmd += ["--config", str(tmp_path / "fleet.toml"), "--node-config", f"2={tmp_path / 'fast.toml'}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -74,6 +100,8 @@ def test_fleet_in_several_processes_serves_every_node(tmp_path: Path, vendor: st
                 text = r.read().decode()
             uuids |= {line.split('uuid="')[1].split('"')[0] for line in text.splitlines() if "gpuwatch_gpu_up{" in line}
             assert f'vendor="{vendor}"' in text
+            interval = 30.0 if i == 2 else 600.0  # node 2 reads its own file, the others the fleet's
+            assert f"gpuwatch_probe_interval_seconds {interval}" in text.splitlines()
         assert len(uuids) == 6, "every GPU of the fleet has its own UUID"
     finally:
         proc.send_signal(signal.SIGTERM)

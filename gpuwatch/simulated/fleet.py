@@ -2,7 +2,9 @@
 
 Every node is the real Agent (collectors, store, HTTP server) over its own SimulatedNode, seeded by its number so
 that every GPU of the fleet has its own UUID. A fault goes to a whole node (`NODE=SCENARIO`, the scenario as
-`gpuwatch demo --scenario` runs it) or to one GPU of an otherwise healthy node (`NODE/GPU=SCENARIO`). Fleets poll
+`gpuwatch demo --scenario` runs it) or to one GPU of an otherwise healthy node (`NODE/GPU=SCENARIO`). Every node
+reads `--config`, or the file `--node-config NODE=FILE` gives it (a fleet whose nodes differ: one probing every few
+seconds among nodes that probe rarely, as a test of the probe's alerts wants without the cost). Fleets poll
 more slowly than one agent does, and large fleets run in several processes (NODES_PER_PROCESS nodes each), so the
 simulator never starves the machine that runs Prometheus beside it.
 """
@@ -66,6 +68,7 @@ class FleetPlan:
     config_path: Path | None = None
     log_level: str = "warning"
     nodes_per_process: int = NODES_PER_PROCESS
+    node_configs: tuple[tuple[int, Path], ...] = ()  # (node, its config file instead of config_path)
 
     def node_name(self, index: int) -> str:
         return f"node-{index:0{max(3, len(str(self.nodes - 1)))}d}"
@@ -75,6 +78,9 @@ class FleetPlan:
 
     def scenario_of(self, index: int) -> str:
         return next((f.scenario for f in self.faults if f.node == index and f.gpu is None), "healthy")
+
+    def config_of(self, index: int) -> Path | None:
+        return next((path for node, path in self.node_configs if node == index), self.config_path)
 
     def gpu_scenarios_of(self, index: int) -> dict[int, str]:
         return {f.gpu: f.scenario for f in self.faults if f.node == index and f.gpu is not None}
@@ -98,12 +104,7 @@ def parse_fault(text: str, nodes: int, gpus: int) -> NodeFault:
             f"--fault {text!r}: expected NODE=SCENARIO or NODE/GPU=SCENARIO, e.g. 3=overheating or 3/2=gpu_lost"
         )
     node_text, gpu_text, scenario = match["node"], match["gpu"], match["scenario"]
-    node_match = re.fullmatch(r"(?:node-)?(\d+)", node_text)
-    if node_match is None:
-        raise FleetError(f"--fault {text!r}: node {node_text!r} is neither a number nor a name like node-003")
-    node = int(node_match[1])
-    if node >= nodes:
-        raise FleetError(f"--fault {text!r}: there is no node {node} in a fleet of {nodes} (nodes are 0-{nodes - 1})")
+    node = _node_number(f"--fault {text!r}", node_text, nodes)
     if scenario not in SCENARIOS:
         raise FleetError(f"--fault {text!r}: unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     gpu: int | None = None
@@ -120,6 +121,25 @@ def parse_fault(text: str, nodes: int, gpus: int) -> NodeFault:
     return NodeFault(node, gpu, scenario)
 
 
+def parse_node_config(text: str, nodes: int) -> tuple[int, Path]:
+    """`NODE=FILE`: the config file that node reads instead of --config."""
+    node_text, sep, path = text.partition("=")
+    if not sep or not node_text.strip() or not path.strip():
+        raise FleetError(f"--node-config {text!r}: expected NODE=FILE, e.g. 4=fast-probe.toml")
+    return _node_number(f"--node-config {text!r}", node_text.strip(), nodes), Path(path.strip())
+
+
+def _node_number(flag: str, node_text: str, nodes: int) -> int:
+    """A node given as a number (0-based) or a name such as node-003, within the fleet."""
+    node_match = re.fullmatch(r"(?:node-)?(\d+)", node_text)
+    if node_match is None:
+        raise FleetError(f"{flag}: node {node_text!r} is neither a number nor a name like node-003")
+    node = int(node_match[1])
+    if node >= nodes:
+        raise FleetError(f"{flag}: there is no node {node} in a fleet of {nodes} (nodes are 0-{nodes - 1})")
+    return node
+
+
 def make_plan(
     *,
     nodes: int,
@@ -132,6 +152,7 @@ def make_plan(
     config_path: Path | None = None,
     log_level: str = "warning",
     nodes_per_process: int = NODES_PER_PROCESS,
+    node_configs: list[str] | tuple[str, ...] = (),
 ) -> FleetPlan:
     """Validate the command line into a plan; FleetError says what is wrong."""
     if nodes < 1:
@@ -150,6 +171,11 @@ def make_plan(
             where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
             raise FleetError(f"--fault: {where} is given two scenarios ({seen[key]}, {f.scenario}); keep one")
         seen[key] = f.scenario
+    per_node = [parse_node_config(c, nodes) for c in node_configs]
+    given = [node for node, _ in per_node]
+    twice = sorted({node for node in given if given.count(node) > 1})
+    if twice:
+        raise FleetError(f"--node-config: node {twice[0]} is given two config files; keep one")
     interval = DEFAULT_POLL_INTERVAL_SECONDS if poll_interval_seconds is None else poll_interval_seconds
     if interval <= 0:
         raise FleetError("--poll-interval must be > 0")
@@ -157,7 +183,17 @@ def make_plan(
         raise FleetError("--nodes-per-process must be at least 1")
     directory = state_dir or Path(tempfile.gettempdir()) / f"gpuwatch-fleet-{os.getuid()}-{port_base}"
     return FleetPlan(
-        nodes, gpus, port_base, vendor, interval, directory, tuple(parsed), config_path, log_level, nodes_per_process
+        nodes,
+        gpus,
+        port_base,
+        vendor,
+        interval,
+        directory,
+        tuple(parsed),
+        config_path,
+        log_level,
+        nodes_per_process,
+        tuple(per_node),
     )
 
 
@@ -186,7 +222,7 @@ def start_node(plan: FleetPlan, index: int) -> Any:
         "simulated": {"scenario": plan.scenario_of(index), "gpus": plan.gpus, "vendor": plan.vendor},
     }
     try:
-        config = load_config(plan.config_path, overrides)
+        config = load_config(plan.config_of(index), overrides)
     except ConfigError as exc:
         raise FleetError(f"invalid configuration: {exc}") from None
     node = SimulatedNode(
@@ -337,6 +373,7 @@ def simulate_fleet(args: Any) -> int:
             config_path=args.config,
             log_level=args.log_level,
             nodes_per_process=args.nodes_per_process,
+            node_configs=args.node_config,
         )
     except FleetError as exc:
         print(f"gpuwatch simulate-fleet: {exc}", file=sys.stderr)
