@@ -121,7 +121,7 @@ def measure(plain_lib: Any, recording: Recording, *, slow: bool, repeat: int, ro
     recording.recording = False
     calls = recording.calls
     answering = Answering(recording)
-    stubbed._lib = answering  # the same backend, its library now answering at once
+    stubbed._lib, stubbed._resolved = answering, {}  # the same backend, its library now answering at once
     found = dict.fromkeys(("poll", "library", "stubbed poll", "stubs"), float("inf"))
     ways: dict[str, Callable[[], object]] = {
         "poll": lambda: plain.poll(slow=slow),
@@ -135,7 +135,7 @@ def measure(plain_lib: Any, recording: Recording, *, slow: bool, repeat: int, ro
             for name, work in ways.items():
                 found[name] = min(found[name], best(work, repeat))
     finally:
-        stubbed._lib = recording
+        stubbed._lib, stubbed._resolved = recording, {}
         for backend in (plain, stubbed):
             backend.close()
     return {

@@ -38,11 +38,11 @@ from gpuwatch.backends.nvml_tables import (
     _REASON_BITS,
     _THRESHOLDS,
     _UNKNOWN_ERROR,
+    _call_key,
     _constant,
     _field_value,
     _FieldIds,
     _handle_key,
-    _hashable,
     _plain_attr,
     _text,
 )
@@ -51,6 +51,8 @@ from gpuwatch.backends.tiered import Unavailable as _Unavailable
 from gpuwatch.model import GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
+
+_Candidate = tuple[tuple[str, tuple[Any, ...]], Callable[..., Any]]  # ((name, keyword arguments), the function)
 
 
 def load_pynvml() -> Any:
@@ -75,6 +77,7 @@ class NvmlBackend(NvmlGpmTier):
         self._index_offset = index_offset
         self._mismatch_error: Any = getattr(lib, "NVMLLibraryMismatchError", ())
         self._missing: frozenset[Hashable] = frozenset()  # functions the library or driver lacks
+        self._resolved: dict[tuple[Any, ...], tuple[_Candidate, ...]] = {}  # names -> what to call: _resolve()
         self._unusable: list[UnusableGpu] = []
         self._fields = _FieldIds("")
         self._reason_bits = tuple(
@@ -94,36 +97,48 @@ class NvmlBackend(NvmlGpmTier):
         here. A later name is tried only where the earlier function does not exist (FunctionNotFound,
         NVMLLibraryMismatchError)."""
         frozen_kwargs = tuple(sorted(kwargs.items())) if kwargs else ()
-        for name in (names,) if names.__class__ is str else names:
-            variant = (name, frozen_kwargs)
-            if variant in self._missing:
-                continue
-            if not args:
-                key: tuple[Hashable, ...] = (variant,)
-            elif len(args) == 1 and args[0].__class__ is int:  # a sensor, clock or policy: its own key
-                key = (variant, args[0])
-            else:
-                key = (variant, *_hashable(args))
-            if gpu is not None and key in gpu.unsupported:
-                raise _Unavailable(f"{name}: not supported (remembered)")
-            function = getattr(self._lib, name, None)
-            if function is None:
-                self._missing = self._missing | {variant}
-                continue
+        candidates = self._resolved.get((names, frozen_kwargs))
+        if candidates is None:
+            candidates = self._resolve(names, frozen_kwargs)
+        for variant, function in candidates:
+            # The key of a remembered NotSupported is built only for a function that has one on this GPU.
+            if gpu is not None and variant in gpu.unsupported_calls and _call_key(variant, args) in gpu.unsupported:
+                raise _Unavailable(f"{variant[0]}: not supported (remembered)")
             try:
                 return function(*((gpu.handle,) if gpu is not None else ()), *args, **kwargs)
             except self._mismatch_error:
-                self._missing = self._missing | {variant}
+                self._lacks(variant)
             except self._lib.NVMLError as exc:
                 code = int(getattr(exc, "value", _UNKNOWN_ERROR))
                 if code == _FUNCTION_NOT_FOUND:
-                    self._missing = self._missing | {variant}
+                    self._lacks(variant)
                     continue
-                self._raise_for(gpu, name, key, code, exc)
+                self._raise_for(gpu, variant[0], _call_key(variant, args), code, exc)
         raise _Unavailable(f"{names}: function not found", _FUNCTION_NOT_FOUND)
 
+    def _resolve(self, names: str | tuple[str, ...], frozen_kwargs: tuple[Any, ...]) -> tuple[_Candidate, ...]:
+        """The functions to try for `names`, in order: those the binding defines and neither it nor the driver has
+        refused. Looked up once, not on every call (16 a GPU a poll), until one is refused or the driver changes."""
+        candidates = tuple(
+            (variant, function)
+            for name in ((names,) if names.__class__ is str else names)
+            if (variant := (name, frozen_kwargs)) not in self._missing
+            and (function := getattr(self._lib, name, None)) is not None
+        )
+        self._resolved[(names, frozen_kwargs)] = candidates
+        return candidates
+
+    def _lacks(self, variant: tuple[str, tuple[Any, ...]]) -> None:
+        """The library or the driver does not have this function: never try it again (until a driver change)."""
+        self._missing = self._missing | {variant}
+        self._resolved = {}
+
+    def _forget_missing(self) -> None:
+        self._missing = frozenset()
+        self._resolved = {}
+
     @staticmethod
-    def _raise_for(gpu: _Gpu | None, name: str, key: Hashable, code: int, exc: Exception) -> NoReturn:
+    def _raise_for(gpu: _Gpu | None, name: str, key: tuple[Hashable, ...], code: int, exc: Exception) -> NoReturn:
         """Sort an NVML error into library failure, GPU failure, or a value that is not available."""
         if code in _LIBRARY_PROBLEMS:
             raise BackendUnavailable(f"NVML: {_LIBRARY_PROBLEMS[code]} ({name}: {exc})")
@@ -131,6 +146,7 @@ class NvmlBackend(NvmlGpmTier):
             raise _GpuFailed(f"{_GPU_FAILURES[code]} ({name}: {exc})")
         if gpu is not None and code in _PERMANENT:
             gpu.unsupported.add(key)
+            gpu.unsupported_calls.add(key[0])
         raise _Unavailable(f"{name}: {exc}", code)
 
     def _require(self, names: str, *args: Any) -> Any:
@@ -149,7 +165,7 @@ class NvmlBackend(NvmlGpmTier):
             return
         self._require("nvmlInit")
         self._open = True
-        self._missing = frozenset()
+        self._forget_missing()
         try:
             self._driver = _text(self._call(None, "nvmlSystemGetDriverVersion"))
             self._fields = _FieldIds(self._driver)
@@ -278,7 +294,7 @@ class NvmlBackend(NvmlGpmTier):
             log.info("NVIDIA driver changed from %s to %s: re-reading static readings", self._driver, driver)
             self._driver = driver
             self._fields = _FieldIds(driver)
-            self._missing = frozenset()
+            self._forget_missing()
             for gpu in self._gpus:
                 gpu.needs_static = True
 
@@ -303,6 +319,7 @@ class NvmlBackend(NvmlGpmTier):
     def _read_static(self, gpu: _Gpu) -> None:
         """Identity, limits the device declares and what it supports; forgets remembered NotSupported."""
         gpu.unsupported.clear()
+        gpu.unsupported_calls.clear()
         gpu.identity = self._read_identity(gpu)
         static = GpuSample(gpu.identity.uuid, 0.0)
         lib = self._lib

@@ -175,6 +175,16 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _call_key(variant: tuple[str, tuple[Any, ...]], args: tuple[Any, ...]) -> tuple[Hashable, ...]:
+    """The key a remembered NotSupported is kept under: the function with its keyword arguments, then the arguments
+    after the handle (a sensor, clock or policy number is its own key)."""
+    if not args:
+        return (variant,)
+    if len(args) == 1 and args[0].__class__ is int:
+        return (variant, args[0])
+    return (variant, *_hashable(args))
+
+
 def _hashable(args: tuple[Any, ...]) -> tuple[Hashable, ...]:
     """Arguments as a key for the remembered NotSupported calls: the field-id list becomes a tuple, a ctypes
     pointer (an event set, a device) its address; ctypes objects claim to be Hashable and raise TypeError."""

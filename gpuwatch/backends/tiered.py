@@ -40,6 +40,7 @@ class TieredGpu:
     identity: GpuIdentity
     # Calls that answered NotSupported and the like; forgotten at the next static read.
     unsupported: set[Hashable] = field(default_factory=set)
+    unsupported_calls: set[Hashable] = field(default_factory=set)  # the functions with a key in `unsupported`
     static: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))  # thresholds and max clocks
     kept: GpuSample = field(default_factory=lambda: GpuSample("", 0.0))  # static + slow, merged into every sample
     needs_static: bool = True
