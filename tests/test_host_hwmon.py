@@ -3,9 +3,9 @@ the rails that never count, Super-I/O mappings, GPU chips left out, and files th
 
 from __future__ import annotations
 
-import builtins
 import errno
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -260,19 +260,41 @@ def test_vbat_vcore_and_dimm_rails_never_count_even_on_labelled_chips(tmp_path: 
     }
 
 
+class _FailingOs:
+    """`os` as hwmon.py sees it, the kernel failing the `broken` files as sysfs does: a root-only file at open
+    (EACCES), a driver whose show() fails at read (EIO, ENODATA: Documentation/filesystems/sysfs.rst)."""
+
+    def __init__(self, broken: set[str], code: int) -> None:
+        self.broken, self.code, self.failing = broken, code, set[int]()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def open(self, path: Any, flags: int, *args: Any) -> int:
+        hit = any(str(path).endswith(b) for b in self.broken)
+        if hit and self.code == errno.EACCES:
+            raise PermissionError(self.code, "injected", str(path))
+        fd = os.open(path, flags, *args)
+        if hit:
+            self.failing.add(fd)
+        return fd
+
+    def read(self, fd: int, size: int) -> bytes:
+        if fd in self.failing:
+            raise OSError(self.code, "injected")
+        return os.read(fd, size)
+
+    def close(self, fd: int) -> None:
+        self.failing.discard(fd)
+        os.close(fd)
+
+
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EIO, errno.ENODATA], ids=["permission-denied", "eio", "enodata"])
 def test_an_unreadable_file_skips_that_sensor_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     root = server_tree(tmp_path)
     baseline = HwmonReader(root).read()
     broken = {"hwmon3/in2_input", "hwmon1/temp2_input", "hwmon4/fan1_input", "hwmon4/in2_min"}
-    real_open = builtins.open
-
-    def failing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(str(path).endswith(b) for b in broken):
-            raise (PermissionError if code == errno.EACCES else OSError)(code, "injected", str(path))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(hwmon_module, "open", failing_open, raising=False)
+    monkeypatch.setattr(hwmon_module, "os", _FailingOs(broken, code))
     sample = HwmonReader(root).read()
     assert set(volts(baseline)) - set(volts(sample)) == {("pmbus-i2c-7-58", "vout1")}
     assert set(temps(baseline)) - set(temps(sample)) == {("coretemp-isa-0000", "Core 0")}
