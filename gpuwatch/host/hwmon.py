@@ -71,6 +71,9 @@ class HwmonReader:
         self._clock = clock
         self._unmapped = Latch(log)  # by chip label: said once, a hint that holds until the maps change
         self._nominals: dict[tuple[str, str], float] = {}  # (chip label, input) -> nominal inferred from a reading
+        # (hwmonN, where class/hwmon/hwmonN links to, driver name) -> (a GPU's chip, its label): where a device sits
+        # and what it is do not change while its link does, and working them out was a quarter of each read.
+        self._placed: dict[tuple[str, str, str], tuple[bool, str]] = {}
 
     @property
     def hwmon_dir(self) -> Path:
@@ -84,17 +87,30 @@ class HwmonReader:
             return []
         chips: list[Chip] = []
         used: set[str] = set()
+        placed: dict[tuple[str, str, str], tuple[bool, str]] = {}
         for entry in entries:
             name = _read_text(entry / "name")
-            if name is None or _is_gpu(entry, name):
+            if name is None:
                 continue
-            # Directory names are bytes; Python hands undecodable ones over as surrogates, which no exposition can
-            # encode: one odd byte in a device name made every /metrics a 500. Replaced here, once, like file text.
-            label = printable(chip_label(entry, name))
+            try:
+                key: tuple[str, str, str] | None = (entry.name, os.readlink(entry), name)
+            except OSError:  # not a link (a tree built by hand): worked out at every read
+                key = None
+            known = self._placed.get(key) if key is not None else None
+            if known is None:
+                # Directory names are bytes; Python hands undecodable ones over as surrogates, which no exposition
+                # can encode: one odd byte in a device name made every /metrics a 500. Replaced here, like file text.
+                known = (_is_gpu(entry, name), printable(chip_label(entry, name)))
+            if key is not None:
+                placed[key] = known
+            gpu_chip, label = known
+            if gpu_chip:
+                continue
             if label in used:  # two chips at one address should not happen; keep both distinct if it does
                 label = printable(f"{label}-{entry.name}")
             used.add(label)
             chips.append(Chip(entry, name, label, SUPER_IO.match(name) is not None))
+        self._placed = placed  # only the chips there now
         return sorted(chips, key=lambda c: c.label)
 
     def board_name(self) -> str:
@@ -107,7 +123,8 @@ class HwmonReader:
         power: list[HostPsuPower] = []
         board = self.board_name()
         for chip in self.chips():
-            supply = None if chip.super_io else _psu_power(chip)
+            files = _listing(chip.path)
+            supply = None if chip.super_io else _psu_power(chip, files)
             if supply is not None:
                 power.append(supply)
             mapped = has_mapping(self.maps, chip.label, board)
@@ -119,20 +136,20 @@ class HwmonReader:
                     key=chip.label,
                     level=logging.INFO,
                 )
-            for kind, index in _inputs(chip.path):
+            for kind, index in _inputs(files):
                 key = f"{kind}{index}"
                 mapping = find_input(self.maps, chip.label, board, key)
                 if mapping is not None and mapping.ignore:
                     continue
                 if kind == "in":
-                    voltage = self._voltage(chip, key, mapping)
+                    voltage = self._voltage(chip, files, key, mapping)
                     if voltage is not None:
                         voltages.append(voltage)
                     continue
-                raw = _read_number(chip.path / f"{key}_input")
+                raw = _read_number(f"{chip.path}/{key}_input")
                 if raw is None:
                     continue
-                name = _sensor_name(chip.path, key, mapping)
+                name = _sensor_name(chip.path, files, key, mapping)
                 if kind == "temp":
                     value = raw / 1000.0
                     temperatures.append(HostReadingValue(chip.label, name, _scaled(value, mapping)))
@@ -158,14 +175,14 @@ class HwmonReader:
                 self._nominals[(chip.label, key)] = known
         return known
 
-    def _voltage(self, chip: Chip, key: str, mapping: InputMap | None) -> HostVoltage | None:
+    def _voltage(self, chip: Chip, files: frozenset[str], key: str, mapping: InputMap | None) -> HostVoltage | None:
         """A supply rail in volts, or None: unmapped Super-I/O pins, Vbat/Vcore/DIMM rails, unreadable inputs."""
         if chip.super_io and mapping is None:
             return None
-        name = _sensor_name(chip.path, key, mapping)
+        name = _sensor_name(chip.path, files, key, mapping)
         if not is_supply_rail(name):
             return None
-        raw = _read_number(chip.path / f"{key}_input")
+        raw = _read_number(f"{chip.path}/{key}_input")
         if raw is None:
             return None
         volts = _scaled(raw / 1000.0, mapping)
@@ -178,52 +195,51 @@ class HwmonReader:
             # and inX_lcrit VOUT_UV_FAULT_LIMIT (pmbus_core.c, vout_limit_attrs): at the fault limit the supply
             # shuts its output down or retries, so the warning is the one that leaves time to act. A negative rail
             # sags toward its max/crit instead (declared_undervoltage).
-            lower = _limits(chip.path, key, mapping, "min", "lcrit")
-            declared = declared_undervoltage(nominal, lower, _limits(chip.path, key, mapping, "max", "crit"))
+            lower = _limits(chip.path, files, key, mapping, "min", "lcrit")
+            declared = declared_undervoltage(nominal, lower, _limits(chip.path, files, key, mapping, "max", "crit"))
         minimum = lower_limit(nominal, declared)
-        alarms = () if chip.super_io else _alarms(chip.path, key)
+        alarms = () if chip.super_io else _alarms(chip.path, files, key)
         alarm = any(flag for _, flag in alarms) if alarms else None
         return HostVoltage(chip.label, name, volts, nominal, minimum, alarm, alarms)
 
 
-def _psu_power(chip: Chip) -> HostPsuPower | None:
+def _psu_power(chip: Chip, files: frozenset[str]) -> HostPsuPower | None:
     """A PMBus power supply's power, from powerX_input (microwatts, Documentation/hwmon/sysfs-interface.rst) of the
     input labelled "pin", else of its first output ("pout1" …), or None.
 
     PMBus core gives CPU and GPU voltage regulators the same pin/pout (mp2975, xdpe12284, the 54→12 V converters of
     GPU baseboards); those are no supply and are left out. A supply is a PMBus chip with its own fan or an AC input
     ("vin" at 90 V or more): regulators and bus converters have neither."""
-    try:
-        names = os.listdir(chip.path)
-    except OSError:
-        return None
     found: dict[str, float] = {}
-    for index in sorted(int(m.group(1)) for m in map(_POWER.match, names) if m):
-        label = _read_text(chip.path / f"power{index}_label") or ""
-        microwatts = _read_number(chip.path / f"power{index}_input")
-        if _PMBUS_POWER.match(label) and microwatts is not None and microwatts >= 0:
+    for index in sorted(int(m.group(1)) for m in map(_POWER.match, files) if m):
+        label = _read_text(f"{chip.path}/power{index}_label") if f"power{index}_label" in files else None
+        if label is None or not _PMBUS_POWER.match(label):
+            continue
+        microwatts = _read_number(f"{chip.path}/power{index}_input")
+        if microwatts is not None and microwatts >= 0:
             found.setdefault(label, microwatts / 1e6)
-    if not found or not _is_supply(chip.path, names):
+    if not found or not _is_supply(chip.path, files):
         return None
     label = "pin" if "pin" in found else next(iter(found))
     return HostPsuPower(chip.label, round(found[label], 6), label)
 
 
-def _is_supply(chip: Path, names: Sequence[str]) -> bool:
-    if any(re.match(r"^fan\d+_input$", n) for n in names):
+def _is_supply(chip: Path, files: frozenset[str]) -> bool:
+    if any(re.match(r"^fan\d+_input$", n) for n in files):
         return True
-    for entry in names:
+    for entry in files:
         match = _INPUT.match(entry)
-        if match and match.group(1) == "in" and _read_text(chip / f"in{match.group(2)}_label") == "vin":
-            millivolts = _read_number(chip / entry)
+        label = f"in{match.group(2)}_label" if match and match.group(1) == "in" else ""
+        if label in files and _read_text(f"{chip}/{label}") == "vin":
+            millivolts = _read_number(f"{chip}/{entry}")
             if millivolts is not None and millivolts / 1000.0 >= AC_INPUT_MIN_VOLTS:
                 return True
     return False
 
 
-def _limits(chip: Path, key: str, mapping: InputMap | None, *suffixes: str) -> list[float]:
+def _limits(chip: Path, files: frozenset[str], key: str, mapping: InputMap | None, *suffixes: str) -> list[float]:
     """The input's limits that can be read (inX_min, inX_lcrit …), in volts, in the order asked."""
-    values = (_read_number(chip / f"{key}_{suffix}") for suffix in suffixes)
+    values = (_read_number(f"{chip}/{name}") for suffix in suffixes if (name := f"{key}_{suffix}") in files)
     return [_scaled(v / 1000.0, mapping) for v in values if v is not None]
 
 
@@ -233,13 +249,15 @@ def _limits(chip: Path, key: str, mapping: InputMap | None, *suffixes: str) -> l
 ALARM_LIMITS = ("min", "lcrit", "max", "crit")
 
 
-def _alarms(chip: Path, key: str) -> tuple[tuple[str, bool], ...]:
+def _alarms(chip: Path, files: frozenset[str], key: str) -> tuple[tuple[str, bool], ...]:
     """The input's alarm flags the chip has, as (limit, raised); a flag that cannot be read, or reads neither 0 nor
     1, is left out. Super-I/O chips' flags are never read: they compare against limits the BIOS left, not ones the
     operator's mapping states."""
     found: list[tuple[str, bool]] = []
     for limit, attribute in (*((lim, f"{key}_{lim}_alarm") for lim in ALARM_LIMITS), ("any", f"{key}_alarm")):
-        flag = _read_number(chip / attribute)
+        if attribute not in files:
+            continue
+        flag = _read_number(f"{chip}/{attribute}")
         if flag in (0.0, 1.0):
             found.append((limit, flag == 1.0))
     return tuple(found)
@@ -277,13 +295,18 @@ def _is_gpu(hwmon: Path, name: str) -> bool:
     return device_class is not None and device_class.lower().startswith("0x03")
 
 
-def _inputs(chip: Path) -> list[tuple[str, int]]:
+def _listing(chip: Path) -> frozenset[str]:
+    """The chip's attribute files: a reading is attempted only for a file that is there (a missing one was an
+    exception per absent alarm, label and limit, most of the files a read tried)."""
     try:
-        names = os.listdir(chip)
+        return frozenset(os.listdir(chip))
     except OSError:
-        return []
+        return frozenset()
+
+
+def _inputs(files: frozenset[str]) -> list[tuple[str, int]]:
     found = []
-    for entry in names:
+    for entry in files:
         match = _INPUT.match(entry)
         if match:
             found.append((match.group(1), int(match.group(2))))
@@ -291,10 +314,11 @@ def _inputs(chip: Path) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (order[item[0]], item[1]))
 
 
-def _sensor_name(chip: Path, key: str, mapping: InputMap | None) -> str:
+def _sensor_name(chip: Path, files: frozenset[str], key: str, mapping: InputMap | None) -> str:
     if mapping is not None and mapping.label:
         return mapping.label
-    return _read_text(chip / f"{key}_label") or key
+    label = f"{key}_label"
+    return (_read_text(f"{chip}/{label}") if label in files else None) or key
 
 
 def _scaled(value: float, mapping: InputMap | None) -> float:
@@ -306,7 +330,7 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _read_text(path: Path) -> str | None:
+def _read_text(path: Path | str) -> str | None:
     """The file's first line, or None when it is missing, root-only, or the driver answers EIO/ENODATA.
 
     One os.read of the page sysfs serves (an attribute is at most a page: Documentation/filesystems/sysfs.rst)
@@ -325,7 +349,7 @@ def _read_text(path: Path) -> str | None:
     return lines[0].decode("utf-8", "replace").strip() if lines else ""
 
 
-def _read_number(path: Path) -> float | None:
+def _read_number(path: Path | str) -> float | None:
     text = _read_text(path)
     if not text:
         return None
