@@ -24,7 +24,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +234,25 @@ def test_prometheus_agent_mode_to_a_receiver(stack: Stack) -> None:
     assert site[0]["metric"]["site"] == "dc1"  # the agent's external label travels with every series
 
 
+def _assert_every_scrape_stored(
+    store: str, stored: Callable[[], float], scraped: float, allowance: int, deadline: float
+) -> None:
+    """`stored()` (the store's count of `up` samples over the window) reaches the scrapes counted, less the
+    allowance, by the deadline (samples still on their way arrive meanwhile), and holds no more than the scrapes
+    counted plus the allowance: not a sample lost, none twice."""
+    counts: dict[str, float] = {}
+
+    def all_stored() -> bool:
+        counts["stored"] = stored()
+        return counts["stored"] >= scraped - allowance
+
+    try:
+        _poll(f"every scrape counted in {store}", all_stored, deadline)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {counts.get('stored')} stored, {scraped} scraped ± {allowance}") from None
+    assert counts["stored"] <= scraped + allowance, (counts, scraped, allowance)
+
+
 def test_store_down_buffers_replay_and_alerts_resume(stack: Stack, vm_outage: Outage) -> None:
     """victoria-metrics stopped for OUTAGE_S s while the fleet runs: the vmagent shards buffer on disk and replay
     after it restarts. Not a sample lost: the store holds one `up` sample for every scrape the shards counted
@@ -255,17 +274,9 @@ def test_store_down_buffers_replay_and_alerts_resume(stack: Stack, vm_outage: Ou
     # The newest samples reach the store after their flush (1 s) and -search.latencyOffset (1 s), or later on a
     # loaded machine: wait until the window holds every scrape counted, then see that it holds no more.
     window = f'sum(count_over_time(up{{job="gpuwatch"}}[{end - before:.3f}s]))'
-    counts: dict[str, float] = {}
-
-    def all_stored() -> bool:
-        counts["stored"] = float(stack.query(window, at=end)[0]["value"][1])
-        return counts["stored"] >= scraped - allowance
-
-    try:
-        _poll("every scrape the shards counted in the store", all_stored, deadline)
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {counts['stored']} stored, {scraped} scraped ± {allowance}") from None
-    assert counts["stored"] <= scraped + allowance, (counts, scraped, allowance)
+    _assert_every_scrape_stored(
+        "the store", lambda: float(stack.query(window, at=end)[0]["value"][1]), scraped, allowance, deadline
+    )
     assert sum(_metric(url, "vmagent_remotewrite_packets_dropped_total") for url in stack.vmagents) == 0
     during = stack.query(f'count_over_time(up{{job="gpuwatch"}}[{up_at - down_at:.3f}s])', at=up_at)
     assert len(during) == NODES
@@ -318,17 +329,9 @@ def test_receiver_down_agent_wal_replays_and_alerts_resume(stack: Stack, receive
     assert all(float(r["value"][1]) >= window - 2 for r in during), (window, during)  # 1 s scrapes, ± the edges
     # The agent's remote-write shards send on their own: the newest samples may still be on their way.
     whole = f'sum(count_over_time(up{{job="gpuwatch"}}[{(end - outage.before) * 1000:.0f}ms]))'
-    counts: dict[str, float] = {}
-
-    def all_stored() -> bool:
-        counts["stored"] = float(receiver_query(whole, end)[0]["value"][1])
-        return counts["stored"] >= scrapes - allowance
-
-    try:
-        _poll("every scrape the agent counted at the receiver", all_stored, deadline)
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {counts['stored']} stored, {scrapes} scraped ± {allowance}") from None
-    assert counts["stored"] <= scrapes + allowance, (counts, scrapes, allowance)
+    _assert_every_scrape_stored(
+        "the receiver", lambda: float(receiver_query(whole, end)[0]["value"][1]), scrapes, allowance, deadline
+    )
     for counter in ("samples_failed_total", "samples_dropped_total"):
         assert _metric(stack.prom_agent, f"prometheus_remote_storage_{counter}") == 0, counter
 

@@ -27,13 +27,11 @@ def _field_reader(owner: type[ctypes.Structure], name: str) -> tuple[int, str]:
 def _array_unpacker(element: type[ctypes.Structure], count: int) -> tuple[struct.Struct, bool]:
     """One unpacker of the (nvmlReturn, value) pair of every element of a `count`-long array, in native byte order,
     with pad bytes for the rest; and whether the return comes before the value in each element."""
-    (first_at, first), (second_at, second) = pair = sorted(
-        (_field_reader(element, "nvmlReturn"), _field_reader(element, "value"))
-    )
-    stride = ctypes.sizeof(element)
-    tail = stride - second_at - struct.calcsize("=" + second)
+    returned, value = _field_reader(element, "nvmlReturn"), _field_reader(element, "value")
+    (first_at, first), (second_at, second) = sorted((returned, value))
+    tail = ctypes.sizeof(element) - second_at - struct.calcsize("=" + second)
     one = f"{first_at}x{first}{second_at - first_at - struct.calcsize('=' + first)}x{second}{tail}x"
-    return struct.Struct("=" + one * count), pair[0] == _field_reader(element, "nvmlReturn")
+    return struct.Struct("=" + one * count), returned[0] < value[0]
 
 
 class MetricsRequest:
