@@ -2,15 +2,16 @@
 """The /metrics render of one store snapshot, per series: what a cache-miss scrape spends before the first byte.
 
 Run by hand. An in-process agent on a simulated node (the real backend and pynvml over the simulated libnvidia-ml,
-host sensors, the probe's counters) polls twice; then each way of turning its snapshot into the text exposition is
-timed `--repeat` times in this thread's CPU time (best of `--rounds`, interleaved: the least disturbed by a
-shared machine):
+host sensors, the probe's counters) polls `--repeat` times a round; after each poll every way of turning the new
+snapshot into the text exposition renders it once, timed in this thread's CPU time (best round of `--rounds`: the
+least disturbed by a shared machine). Each render is of readings the agent has not rendered before, as a scrape's
+after a poll is (what `lines` remembers, prefixes and numbers, comes from earlier polls):
 
 - library: prometheus_client's own generate_latest over gpuwatch's collector (the oracle);
 - objects: gpuwatch.exporter.families (prometheus_client Metric objects) + exposition_fast.render (before #19);
 - lines: gpuwatch.exporter.export into exposition_fast.SeriesLines (the agent's path since #19).
 
-All three bodies are checked to be the same bytes.
+Every poll's three bodies are checked to be the same bytes.
 
     python benchmarks/render.py                       # 8 GPUs, healthy
     python benchmarks/render.py --gpus 64 --scenario mixed
@@ -21,28 +22,80 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from gpuwatch.agent import Agent
 from gpuwatch.config import load_config
-from gpuwatch.exporter import GpuwatchCollector, export, families
+from gpuwatch.exporter import export, families
 from gpuwatch.exposition_fast import SeriesLines, render
 from gpuwatch.simulation import simulated_sources
+from gpuwatch.store import StoreSnapshot
 
 
-def best_us(ways: dict[str, Callable[[], bytes]], repeat: int, rounds: int) -> dict[str, float]:
-    """Each way's best mean over `rounds` rounds of `repeat` calls, the ways interleaved round by round; in this
-    thread's CPU time, so time the machine gave other processes is not counted."""
+class _SnapshotCollector(Collector):
+    """The families of one fixed snapshot: every arm renders the same samples, however long the rounds take."""
+
+    def __init__(self, snap: StoreSnapshot) -> None:
+        self._snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self._snap)
+
+
+Way = Callable[[StoreSnapshot], bytes]
+
+
+def best_us(agent: Agent, ways: dict[str, Way], repeat: int, rounds: int) -> tuple[dict[str, float], int, int]:
+    """Each way's best mean over `rounds` rounds of `repeat` fresh polls, every way rendering each poll's snapshot
+    once (in this thread's CPU time, so time the machine gave other processes is not counted), and the bodies
+    checked to be the same bytes. Also: the series and bytes of the last body."""
     best = dict.fromkeys(ways, float("inf"))
+    body = b""
     for _ in range(rounds):
-        for name, work in ways.items():
-            started = time.thread_time()
-            for _ in range(repeat):
-                work()
-            best[name] = min(best[name], (time.thread_time() - started) / repeat)
-    return {name: seconds * 1e6 for name, seconds in best.items()}
+        spent = dict.fromkeys(ways, 0.0)
+        for _ in range(repeat):
+            snap = _polled(agent)
+            bodies = set()
+            for name, work in ways.items():  # `lines` first: what it remembers comes from earlier polls only
+                started = time.thread_time()
+                body = work(snap)
+                spent[name] += time.thread_time() - started
+                bodies.add(body)
+            if len(bodies) != 1:
+                raise SystemExit("render.py: the bodies differ")
+        for name, seconds in spent.items():
+            best[name] = min(best[name], seconds / repeat)
+    series = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
+    return {name: seconds * 1e6 for name, seconds in best.items()}, series, len(body)
+
+
+def _polled(agent: Agent) -> StoreSnapshot:
+    """The store after one more poll of the GPUs and the host sensors: new readings, as a scrape after a poll sees."""
+    agent.poll_once()
+    for job in agent.collectors.jobs():
+        if job.startswith("host-"):
+            agent.collectors.run_job(job)
+    return agent.store.snapshot()
+
+
+def lines(snap: StoreSnapshot) -> bytes:
+    out = SeriesLines()
+    export(snap, out)
+    return out.body("text")
+
+
+def objects(snap: StoreSnapshot) -> bytes:
+    return render(families(snap), "text") or b""
+
+
+def library(snap: StoreSnapshot) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snap))
+    return generate_latest(registry)
 
 
 def main() -> None:
@@ -50,7 +103,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--scenario", default="healthy")
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuwatch-render-") as state:
         overrides = {
@@ -60,33 +113,11 @@ def main() -> None:
         config = load_config(None, overrides)
         agent = Agent(config, simulated_sources(config))
         agent.collectors.register(threads=False)
-        for _ in range(2):
-            agent.poll_once()
-            for job in agent.collectors.jobs():
-                if job.startswith("host-"):
-                    agent.collectors.run_job(job)
-        snap = agent.store.snapshot()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuwatchCollector(agent.store))
-
-        def lines() -> bytes:
-            out = SeriesLines()
-            export(snap, out)
-            return out.body("text")
-
-        def objects() -> bytes:
-            return render(families(snap), "text") or b""
-
-        def library() -> bytes:
-            return generate_latest(registry)
-
-        body = lines()
-        if not body == objects() == library():
-            raise SystemExit("render.py: the three bodies differ")
-        series = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
-        print(f"{args.gpus} GPUs, {args.scenario}: {series} series, {len(body)} bytes")
-        ways = {"library": library, "objects": objects, "lines": lines}
-        for name, us in best_us(ways, args.repeat, args.rounds).items():
+        _polled(agent)
+        ways: dict[str, Way] = {"lines": lines, "objects": objects, "library": library}
+        best, series, size = best_us(agent, ways, args.repeat, args.rounds)
+        print(f"{args.gpus} GPUs, {args.scenario}: {series} series, {size} bytes")
+        for name, us in best.items():
             print(f"  {name:8s} {us / 1000:7.3f} ms  {us / series:6.3f} µs per series")
 
 

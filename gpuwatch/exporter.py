@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwatch import __version__
+from gpuwatch.exposition_fast import Row
 from gpuwatch.metrics import CATALOGUE
 from gpuwatch.model import GpuIdentity, GpuSample
 from gpuwatch.probebook import RESULTS, ProbeView
@@ -24,6 +25,8 @@ class _Out(Protocol):
     def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
 
     def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None: ...
+
+    def add_row(self, row: Row, labels: tuple[str, ...], values: tuple[float | int | bool | None, ...]) -> None: ...
 
 
 class _Families:
@@ -47,6 +50,10 @@ class _Families:
         """A sample per item, in key order: labels `head` + the key (a label value, or a tuple of them)."""
         for key, value in sorted(values.items()):
             self.add(name, head + (key if isinstance(key, tuple) else (key,)), value)
+
+    def add_row(self, row: Row, labels: tuple[str, ...], values: tuple[float | int | bool | None, ...]) -> None:
+        for name, value in zip(row.names, values, strict=True):
+            self.add(name, labels, value)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
@@ -96,8 +103,7 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
         if sample is None:
             continue
         _readings(gpu, sample, snap.configured_power_limit_watts, out)
-        for reason, seconds in sorted(snap.throttle_seconds.get(identity.uuid, {}).items()):
-            out.add("gpuwatch_gpu_throttle_seconds_total", (*gpu, reason), seconds)
+        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
         export_probe(gpu, identity.uuid, snap.probe, out)
         for w in snap.workloads.get(identity.uuid, ()):
             out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
@@ -120,15 +126,29 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
     for vendor, expected in sorted(snap.gpus_expected.items()):
         out.add("gpuwatch_gpus_expected", (vendor,), expected)
     for name, status in sorted(snap.collectors.items()):
-        key = (name,)
-        out.add("gpuwatch_collector_interval_seconds", key, status.interval_seconds)
-        out.add("gpuwatch_collector_errors_total", key, status.errors_total)
-        if status.success is not None:
-            out.add("gpuwatch_collector_success", key, status.success)
-            out.add("gpuwatch_collector_duration_seconds", key, status.duration_seconds)
+        ran = status.success is not None
         # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
         last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
-        out.add("gpuwatch_collector_last_run_timestamp_seconds", key, last_run)
+        out.add_row(
+            _COLLECTOR,
+            (name,),
+            (
+                status.interval_seconds,
+                status.errors_total,
+                status.success,
+                status.duration_seconds if ran else None,
+                last_run,
+            ),
+        )
+
+
+_COLLECTOR = Row(
+    "gpuwatch_collector_interval_seconds",
+    "gpuwatch_collector_errors_total",
+    "gpuwatch_collector_success",
+    "gpuwatch_collector_duration_seconds",
+    "gpuwatch_collector_last_run_timestamp_seconds",
+)
 
 
 def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
@@ -138,14 +158,15 @@ def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
     return (identity.vendor, device) if device else (identity.vendor, identity.uuid)
 
 
+_RAIL = Row("gpuwatch_host_voltage_volts", "gpuwatch_host_voltage_nominal_volts", "gpuwatch_host_voltage_min_volts")
+
+
 def _host(snap: StoreSnapshot, out: _Out) -> None:
     """Host rails, supplies, temperatures and fans of every fresh host source (hwmon, ipmi)."""
     powered: set[str] = set()
     for sample in snap.host:
         for v in sample.voltages:
-            out.add("gpuwatch_host_voltage_volts", (v.chip, v.sensor), v.volts)
-            out.add("gpuwatch_host_voltage_nominal_volts", (v.chip, v.sensor), v.nominal_volts)
-            out.add("gpuwatch_host_voltage_min_volts", (v.chip, v.sensor), v.min_volts)
+            out.add_row(_RAIL, (v.chip, v.sensor), (v.volts, v.nominal_volts, v.min_volts))
             for limit, raised in v.alarms:
                 out.add("gpuwatch_host_voltage_alarm", (v.chip, v.sensor, limit), raised)
         for psu in sample.psus:
@@ -176,71 +197,113 @@ def _info(identity: GpuIdentity, out: _Out) -> None:
     out.add("gpuwatch_gpu_info", labels, 1)
 
 
-def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
-    def each(name: str, values: dict[Any, Any]) -> None:
-        out.add_each(name, gpu, values)
+# A GPU's scalar readings, in the exposition's order between its dict-shaped ones (`_readings`).
+_POWER = Row("gpuwatch_gpu_power_watts")
+_ENERGY = Row(
+    "gpuwatch_gpu_energy_joules_total", "gpuwatch_gpu_performance_state", "gpuwatch_gpu_power_supply_undersized"
+)
+_USE = Row(
+    "gpuwatch_gpu_utilization_ratio",
+    "gpuwatch_gpu_memory_utilization_ratio",
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_memory_total_bytes",
+    "gpuwatch_gpu_processes",
+    "gpuwatch_gpu_mig_enabled",
+    "gpuwatch_gpu_partitions",
+    "gpuwatch_gpu_ecc_enabled",
+    "gpuwatch_gpu_persistence_mode_enabled",
+)
+_ROWS = Row(
+    "gpuwatch_gpu_row_remap_pending",
+    "gpuwatch_gpu_row_remap_failed",
+    "gpuwatch_gpu_retired_pages",
+    "gpuwatch_gpu_retired_pages_limit",
+)
+_HEALTH = Row(
+    "gpuwatch_gpu_sram_ecc_threshold_exceeded",
+    "gpuwatch_gpu_recovery_action",
+    "gpuwatch_gpu_inforom_valid",
+    "gpuwatch_gpu_fabric_healthy",
+)
+_PCIE = Row("gpuwatch_gpu_pcie_replays_total", "gpuwatch_gpu_pcie_link_recoveries_total")
+_ACTIVE = Row(
+    "gpuwatch_gpu_sm_active_ratio",
+    "gpuwatch_gpu_sm_occupancy_ratio",
+    "gpuwatch_gpu_tensor_active_ratio",
+    "gpuwatch_gpu_dram_active_ratio",
+)
+_ACTIVE_TOTALS = Row(
+    "gpuwatch_gpu_sm_active_seconds_total", "gpuwatch_gpu_tensor_active_seconds_total", "gpuwatch_gpu_sm_cycles_total"
+)
 
-    each("gpuwatch_gpu_temperature_celsius", s.temperature_celsius)
-    each("gpuwatch_gpu_temperature_threshold_celsius", s.temperature_threshold_celsius)
-    each("gpuwatch_gpu_fan_speed_ratio", s.fan_speed_ratio)
-    each("gpuwatch_gpu_clock_hertz", s.clock_hertz)
-    each("gpuwatch_gpu_clock_max_hertz", s.clock_max_hertz)
-    out.add("gpuwatch_gpu_power_watts", gpu, s.power_watts)
-    limits = dict(s.power_limit_watts)
+
+def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
+    each, row = out.add_each, out.add_row
+    each("gpuwatch_gpu_temperature_celsius", gpu, s.temperature_celsius)
+    each("gpuwatch_gpu_temperature_threshold_celsius", gpu, s.temperature_threshold_celsius)
+    each("gpuwatch_gpu_fan_speed_ratio", gpu, s.fan_speed_ratio)
+    each("gpuwatch_gpu_clock_hertz", gpu, s.clock_hertz)
+    each("gpuwatch_gpu_clock_max_hertz", gpu, s.clock_max_hertz)
+    row(_POWER, gpu, (s.power_watts,))
+    limits = s.power_limit_watts
     if configured_limit is not None:
-        limits["configured"] = configured_limit
-    each("gpuwatch_gpu_power_limit_watts", limits)
-    out.add("gpuwatch_gpu_energy_joules_total", gpu, s.energy_joules)
-    out.add("gpuwatch_gpu_performance_state", gpu, s.performance_state)
-    out.add("gpuwatch_gpu_power_supply_undersized", gpu, s.power_supply_undersized)
-    each("gpuwatch_gpu_throttle_active", s.throttle_active)
-    out.add("gpuwatch_gpu_utilization_ratio", gpu, s.utilization_ratio)
-    out.add("gpuwatch_gpu_memory_utilization_ratio", gpu, s.memory_utilization_ratio)
-    out.add("gpuwatch_gpu_memory_used_bytes", gpu, s.memory_used_bytes)
-    out.add("gpuwatch_gpu_memory_total_bytes", gpu, s.memory_total_bytes)
-    out.add("gpuwatch_gpu_processes", gpu, None if s.process_pids is None else len(s.process_pids))
-    out.add("gpuwatch_gpu_mig_enabled", gpu, s.mig_enabled)
-    out.add("gpuwatch_gpu_partitions", gpu, s.compute_partitions)
-    out.add("gpuwatch_gpu_ecc_enabled", gpu, s.ecc_enabled)
-    out.add("gpuwatch_gpu_persistence_mode_enabled", gpu, s.persistence_mode_enabled)
-    each("gpuwatch_gpu_ecc_errors_total", s.ecc_errors_total)
-    each("gpuwatch_gpu_remapped_rows_total", s.remapped_rows_total)
-    out.add("gpuwatch_gpu_row_remap_pending", gpu, s.row_remap_pending)
-    out.add("gpuwatch_gpu_row_remap_failed", gpu, s.row_remap_failed)
-    out.add("gpuwatch_gpu_retired_pages", gpu, s.retired_pages)
-    out.add("gpuwatch_gpu_retired_pages_limit", gpu, s.retired_pages_limit)
-    each("gpuwatch_gpu_row_remap_banks", s.row_remap_banks)
-    out.add("gpuwatch_gpu_sram_ecc_threshold_exceeded", gpu, s.sram_ecc_threshold_exceeded)
-    out.add("gpuwatch_gpu_recovery_action", gpu, s.recovery_action)
-    out.add("gpuwatch_gpu_inforom_valid", gpu, s.inforom_valid)
-    out.add("gpuwatch_gpu_fabric_healthy", gpu, s.fabric_healthy)
-    each("gpuwatch_gpu_pcie_link_generation", s.pcie_link_generation)
-    each("gpuwatch_gpu_pcie_link_width", s.pcie_link_width)
-    out.add("gpuwatch_gpu_pcie_replays_total", gpu, s.pcie_replays_total)
-    out.add("gpuwatch_gpu_pcie_link_recoveries_total", gpu, s.pcie_link_recoveries_total)
-    each("gpuwatch_gpu_pcie_errors_total", s.pcie_errors_total)
-    each("gpuwatch_gpu_nvlink_up", s.nvlink_up)
-    each("gpuwatch_gpu_nvlink_errors_total", s.nvlink_errors_total)
+        limits = {**limits, "configured": configured_limit}
+    each("gpuwatch_gpu_power_limit_watts", gpu, limits)
+    row(_ENERGY, gpu, (s.energy_joules, s.performance_state, s.power_supply_undersized))
+    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active)
+    pids = s.process_pids
+    row(
+        _USE,
+        gpu,
+        (
+            s.utilization_ratio,
+            s.memory_utilization_ratio,
+            s.memory_used_bytes,
+            s.memory_total_bytes,
+            None if pids is None else len(pids),
+            s.mig_enabled,
+            s.compute_partitions,
+            s.ecc_enabled,
+            s.persistence_mode_enabled,
+        ),
+    )
+    each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
+    each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
+    row(_ROWS, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
+    each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
+    row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
+    each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
+    each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
+    row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
+    each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
+    each("gpuwatch_gpu_nvlink_up", gpu, s.nvlink_up)
+    each("gpuwatch_gpu_nvlink_errors_total", gpu, s.nvlink_errors_total)
     _activity(gpu, s, out)
 
 
 def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
     """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
-    out.add("gpuwatch_gpu_sm_active_ratio", gpu, s.sm_active_ratio)
-    out.add("gpuwatch_gpu_sm_occupancy_ratio", gpu, s.sm_occupancy_ratio)
-    out.add("gpuwatch_gpu_tensor_active_ratio", gpu, s.tensor_active_ratio)
-    out.add("gpuwatch_gpu_dram_active_ratio", gpu, s.dram_active_ratio)
-    for pipe, ratio in sorted(s.pipe_active_ratio.items()):
-        out.add("gpuwatch_gpu_pipe_active_ratio", (*gpu, pipe), ratio)
-    out.add("gpuwatch_gpu_sm_active_seconds_total", gpu, s.active_seconds_total.get("sm"))
-    out.add("gpuwatch_gpu_tensor_active_seconds_total", gpu, s.active_seconds_total.get("tensor"))
-    out.add("gpuwatch_gpu_sm_cycles_total", gpu, s.sm_cycles_total)
-    for pipe, cycles in sorted(s.active_cycles_total.items()):
-        out.add("gpuwatch_gpu_active_cycles_total", (*gpu, pipe), cycles)
-    for direction, total in sorted(s.pcie_bytes_total.items()):
-        out.add("gpuwatch_gpu_pcie_bytes_total", (*gpu, direction), total)
+    out.add_row(_ACTIVE, gpu, (s.sm_active_ratio, s.sm_occupancy_ratio, s.tensor_active_ratio, s.dram_active_ratio))
+    out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
+    seconds = s.active_seconds_total
+    out.add_row(_ACTIVE_TOTALS, gpu, (seconds.get("sm"), seconds.get("tensor"), s.sm_cycles_total))
+    out.add_each("gpuwatch_gpu_active_cycles_total", gpu, s.active_cycles_total)
+    out.add_each("gpuwatch_gpu_pcie_bytes_total", gpu, s.pcie_bytes_total)
     for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
         out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
+
+
+_PROBE_SPEED = Row("gpuwatch_probe_flops", "gpuwatch_probe_spread_ratio")
+_PROBE_RUN = Row(
+    "gpuwatch_probe_h2d_bytes_per_second",
+    "gpuwatch_probe_d2h_bytes_per_second",
+    "gpuwatch_probe_last_success_timestamp_seconds",
+    "gpuwatch_probe_duration_seconds",
+    "gpuwatch_probe_power_capped",
+    "gpuwatch_probe_sm_clock_hertz",
+    "gpuwatch_probe_power_watts",
+    "gpuwatch_probe_temperature_celsius",
+)
 
 
 def export_interval(view: ProbeView, out: _Out) -> None:
@@ -266,13 +329,18 @@ def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) ->
         return
     m, t = last.measured, last.telemetry
     out.add("gpuwatch_probe_info", (*gpu, m.engine, m.engine_version, m.blas_version, m.dtype, m.shape), 1)
-    out.add("gpuwatch_probe_flops", (*gpu, m.dtype), m.flops_median)
-    out.add("gpuwatch_probe_spread_ratio", (*gpu, m.dtype), m.spread_ratio)
-    out.add("gpuwatch_probe_h2d_bytes_per_second", gpu, m.h2d_bytes_per_second)
-    out.add("gpuwatch_probe_d2h_bytes_per_second", gpu, m.d2h_bytes_per_second)
-    out.add("gpuwatch_probe_last_success_timestamp_seconds", gpu, last.timestamp)
-    out.add("gpuwatch_probe_duration_seconds", gpu, m.gpu_time_seconds)
-    out.add("gpuwatch_probe_power_capped", gpu, m.power_capped)
-    out.add("gpuwatch_probe_sm_clock_hertz", gpu, t.sm_clock_hertz)
-    out.add("gpuwatch_probe_power_watts", gpu, t.power_watts)
-    out.add("gpuwatch_probe_temperature_celsius", gpu, t.temperature_celsius)
+    out.add_row(_PROBE_SPEED, (*gpu, m.dtype), (m.flops_median, m.spread_ratio))
+    out.add_row(
+        _PROBE_RUN,
+        gpu,
+        (
+            m.h2d_bytes_per_second,
+            m.d2h_bytes_per_second,
+            last.timestamp,
+            m.gpu_time_seconds,
+            m.power_capped,
+            t.sm_clock_hertz,
+            t.power_watts,
+            t.temperature_celsius,
+        ),
+    )

@@ -4,7 +4,7 @@ prometheus_client's encoders validate and escape every metric and label name of 
 collector); ours come from the catalogue and are valid by construction, so most of that work is wasted. `SeriesLines`
 goes further: it is what gpuwatch.exporter writes its samples into, and it keeps each series' name-and-labels prefix
 (escaped, sorted, once per series for the life of the process) and formats only the value, so a scrape never builds
-prometheus_client objects at all (2.2 µs per series before, about 0.5 µs now: benchmarks/render.py). `render` does the
+prometheus_client objects at all (about a fifth of the cost: benchmarks/render.py). `render` does the
 same for families a caller built (the uncached `name[]` filter) and hands anything it was not written for back to the
 library (`None`). Tests hold both to the library's output for every scenario and both formats.
 """
@@ -110,12 +110,32 @@ class SeriesLines:
         if prefix is None:
             prefix = _prefix(name, labels)
             _remember(_PREFIXES, name, labels, prefix)
-        number = _number(value)
+        number = _TEXTS.get(value) or _text(value) if value or value.__class__ is not float else repr(value)
         lines = self._lines.get(name)
         if lines is None:
             self._lines[name] = [prefix + number]
         else:
             lines.append(prefix + number)
+
+    def add_row(self, row: Row, labels: tuple[str, ...], values: tuple[float | int | bool | None, ...]) -> None:
+        """A sample of each of `row`'s metrics, all with `labels` (None values have no series): what `add` does for
+        each, with the prefixes looked up once for the row."""
+        prefixes = row.prefixes.get(labels)
+        if prefixes is None:
+            if len(row.prefixes) >= _PREFIX_LIMIT:
+                row.prefixes.clear()
+            prefixes = row.prefixes[labels] = tuple(_prefix(name, labels) for name in row.names)
+        lines = self._lines
+        texts = _TEXTS
+        for name, prefix, value in zip(row.names, prefixes, values, strict=True):
+            if value is None:
+                continue
+            number = texts.get(value) or _text(value) if value or value.__class__ is not float else repr(value)
+            found = lines.get(name)
+            if found is None:
+                lines[name] = [prefix + number]
+            else:
+                found.append(prefix + number)
 
     def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None:
         """A sample per item of `values`, in key order: labels `head` + the key (a label value, or a tuple of them);
@@ -130,19 +150,16 @@ class SeriesLines:
         if lines is None:
             lines = self._lines[name] = []
         append = lines.append
+        texts = _TEXTS
         for key, value in sorted(values.items()):
             if value is None:
                 continue
             prefix = known.get(key)
             if prefix is None:
                 prefix = known[key] = _prefix(name, head + (key if key.__class__ is tuple else (key,)))
-            if value.__class__ is float:  # _number, inlined: most samples are readings in a dict
-                number = repr(value)
-                if len(number) > 8 or number[-1] in "fn":
-                    number = _go_number(number, value)
-            else:
-                number = _SMALL.get(value) or _number(value)
-            append(prefix + number)
+            append(
+                prefix + (texts.get(value) or _text(value) if value or value.__class__ is not float else repr(value))
+            )
         if not lines:
             del self._lines[name]
 
@@ -163,17 +180,39 @@ class SeriesLines:
 
 
 _T = TypeVar("_T")
-# The numbers of bools and counts as the library writes them (float(2) -> "2.0"); ints only, never a float: 0.0 and
-# -0.0 are equal keys but different text.
-_SMALL: dict[int, str] = {i: repr(float(i)) for i in range(1024)}
+
+
+class Row:
+    """Catalogue metrics with the same labels that are written together (one GPU's scalar readings), for
+    `SeriesLines.add_row`: each label set's prefixes are kept on the row."""
+
+    __slots__ = ("names", "prefixes")
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.prefixes: dict[tuple[str, ...], tuple[str, ...]] = {}  # labels -> a prefix per name
+
+
+# Numbers as the library writes them, by value: a reading that did not change since the last poll (most of them) costs
+# a dict lookup instead of a repr and Go's exponent rules. Equal keys share their text: an int or bool is written as
+# the float it equals (float(2) -> "2.0", False -> "0.0"), an int no float equals is a key of its own. The exception is
+# a float zero: 0.0 and -0.0 are equal keys with different text, so the writers take its repr, which is the library's.
+# Bounded like the prefixes.
+_TEXTS: dict[float | int | bool, str] = {i: repr(float(i)) for i in range(1024)}
+_TEXT_LIMIT = 20_000
+
+
+def _text(value: float | int | bool) -> str:
+    """`_number(value)`, remembered in `_TEXTS` for the next sample with this value (a miss of the inline lookup)."""
+    number = _number(value)
+    if len(_TEXTS) >= _TEXT_LIMIT:
+        _TEXTS.clear()
+    _TEXTS[value] = number
+    return number
 
 
 def _number(value: float | int | bool) -> str:
     """prometheus_client's floatToGoString(value), without its work for the common case."""
-    if value.__class__ is not float:
-        number = _SMALL.get(int(value))
-        if number is not None:
-            return number
     number = repr(float(value))
     if len(number) > 8 or number[-1] in "fn":
         return _go_number(number, float(value))

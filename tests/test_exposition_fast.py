@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from simnode import SimAgent
 
 from gpuwatch.exporter import GpuwatchCollector, export
-from gpuwatch.exposition_fast import SeriesLines, fast_format, render
+from gpuwatch.exposition_fast import Row, SeriesLines, fast_format, render
 from gpuwatch.metrics import CATALOGUE
 from gpuwatch.scenario_catalogue import SCENARIOS
 
@@ -168,10 +168,11 @@ _SAMPLES = st.lists(
         st.sampled_from(sorted(CATALOGUE)),
         st.lists(st.text(max_size=8) | st.sampled_from(["0", 'a"b', "a\\b", "a\nb", "ü✓"]), min_size=8, max_size=8),
         _NUMBERS,
-        st.booleans(),
+        st.sampled_from(["add", "each", "row"]),
     ),
     max_size=40,
 )
+_ROWS = {name: Row(name) for name in CATALOGUE}  # kept across examples, as the exporter's are
 
 
 class _Library(Collector):
@@ -193,19 +194,22 @@ class _Library(Collector):
 
 @settings(max_examples=300, deadline=None)
 @given(samples=_SAMPLES)
-def test_any_labels_and_numbers_render_as_the_library_does(samples: list[tuple[str, list[str], float, bool]]) -> None:
+def test_any_labels_and_numbers_render_as_the_library_does(samples: list[tuple[str, list[str], float, str]]) -> None:
     """Label values with quotes, backslashes, newlines and non-ASCII; every float (inf, nan, -0.0, Go's exponents),
-    ints and bools; samples added one by one or as a dict (`add_each`), prefixes remembered across examples."""
+    ints and bools; samples added one by one, as a dict (`add_each`) or a row (`add_row`), prefixes and numbers
+    remembered across examples."""
     lines = SeriesLines()
     added: list[tuple[str, tuple[str, ...], float]] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()
-    for name, values, number, as_dict in samples:
+    for name, values, number, way in samples:
         labels = tuple(values[: len(CATALOGUE[name].labels)])
         if (name, labels) in seen:
             continue  # one sample per series, as the exporter writes
         seen.add((name, labels))
-        if as_dict and labels:
+        if way == "each" and labels:
             lines.add_each(name, labels[:-1], {labels[-1]: number})
+        elif way == "row":
+            lines.add_row(_ROWS[name], labels, (number,))
         else:
             lines.add(name, labels, number)
         added.append((name, labels, number))
@@ -214,3 +218,30 @@ def test_any_labels_and_numbers_render_as_the_library_does(samples: list[tuple[s
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Library(added))
         assert lines.body(fast_format(encoder) or "") == encoder(registry), accept
+
+
+@pytest.mark.parametrize("accept", ACCEPTS.values())
+def test_numbers_that_are_equal_keep_their_own_text(accept: str) -> None:
+    """Numbers are remembered by value, and equal values can be written differently: prometheus_client writes -0.0 as
+    "-0.0" and 0.0 as "0.0" (utils.floatToGoString: repr of the float), an int as the float it equals (2 -> "2.0") and
+    an int no float equals as the float nearest it. Each written after its equal twin, through every way in."""
+    twins = [0, False, 0.0, -0.0, 0.0, 2, 2.0, True, 1.0, 2**53 + 1, float(2**53 + 1), 10**7, 1e7, -(10**7)]
+    lines = SeriesLines()
+    added: list[tuple[str, tuple[str, ...], float]] = []
+    for i, value in enumerate(twins):
+        for way, name in enumerate(("gpuwatch_gpu_power_watts", "gpuwatch_gpu_clock_hertz", "gpuwatch_gpu_processes")):
+            labels = (str(i), "GPU-twin")
+            if way == 0:
+                lines.add(name, labels, value)
+            elif way == 1:
+                lines.add_each(name, labels, {"sm": value})
+                labels = (*labels, "sm")
+            else:
+                lines.add_row(_ROWS[name], labels, (value,))
+            added.append((name, labels, value))
+    encoder, _ = choose_encoder(accept)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Library(added))
+    body = lines.body(fast_format(encoder) or "")
+    assert body == encoder(registry)
+    assert b'gpuwatch_gpu_power_watts{gpu="3",uuid="GPU-twin"} -0.0\n' in body
