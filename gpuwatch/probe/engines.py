@@ -1,9 +1,10 @@
 """The array libraries the probe worker can run on: CuPy (NVIDIA) and PyTorch (NVIDIA, ROCm, and CPU for CI).
 
-Only the worker child imports this module; the agent never does. Each engine is small and does the same four
-things — allocate random-normal inputs and a preallocated output, enqueue matmuls, time them per iteration (CUDA/HIP
-events on a GPU, perf_counter on the CPU), and time pinned host<->device copies — so the worker's measuring logic
-is the same on every engine.
+Only the worker child imports an array library; the agent imports this module for `available_engines` and
+`engine_versions` alone, which find the libraries and their versions without importing them. Each engine is small
+and does the same four things — allocate random-normal inputs and a preallocated output, enqueue matmuls, time them
+per iteration (CUDA/HIP events on a GPU, perf_counter on the CPU), and time pinned host<->device copies — so the
+worker's measuring logic is the same on every engine.
 """
 
 from __future__ import annotations
