@@ -197,16 +197,21 @@ class Row:
 # a dict lookup instead of a repr and Go's exponent rules. Equal keys share their text: an int or bool is written as
 # the float it equals (float(2) -> "2.0", False -> "0.0"), an int no float equals is a key of its own. The exception is
 # a float zero: 0.0 and -0.0 are equal keys with different text, so the writers take its repr, which is the library's.
-# Bounded like the prefixes.
+# Two generations bound the memory (readings that change every poll, energy and power, would fill one dict for ever):
+# when the young one is full it becomes the old one, and a number found only in the old one moves back to the young,
+# so what repeats poll after poll stays.
+_TEXT_LIMIT = 2048  # numbers per generation: at most ~0.5 MiB for both
 _TEXTS: dict[float | int | bool, str] = {i: repr(float(i)) for i in range(1024)}
-_TEXT_LIMIT = 20_000
+_OLD_TEXTS: dict[float | int | bool, str] = {}
 
 
 def _text(value: float | int | bool) -> str:
-    """`_number(value)`, remembered in `_TEXTS` for the next sample with this value (a miss of the inline lookup)."""
-    number = _number(value)
+    """The text of `value` after a miss in `_TEXTS` (never a float zero): from the old generation, or made; kept in
+    the young one."""
+    global _TEXTS, _OLD_TEXTS
+    number = _OLD_TEXTS.get(value) or _number(value)
     if len(_TEXTS) >= _TEXT_LIMIT:
-        _TEXTS.clear()
+        _OLD_TEXTS, _TEXTS = _TEXTS, {}
     _TEXTS[value] = number
     return number
 

@@ -17,6 +17,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from simnode import SimAgent
 
+from gpuwatch import exposition_fast
 from gpuwatch.exporter import GpuwatchCollector, export
 from gpuwatch.exposition_fast import Row, SeriesLines, fast_format, render
 from gpuwatch.metrics import CATALOGUE
@@ -245,3 +246,27 @@ def test_numbers_that_are_equal_keep_their_own_text(accept: str) -> None:
     body = lines.body(fast_format(encoder) or "")
     assert body == encoder(registry)
     assert b'gpuwatch_gpu_power_watts{gpu="3",uuid="GPU-twin"} -0.0\n' in body
+
+
+def test_remembered_numbers_stay_bounded_and_keep_what_repeats() -> None:
+    """Readings that change every poll (energy, power) must not grow the remembered numbers for ever: two generations
+    of at most `_TEXT_LIMIT`; a number that comes back every poll stays remembered however many new ones pass, and
+    what is written after the generations turned over is still the library's text."""
+    polls, new_per_poll = 40, exposition_fast._TEXT_LIMIT // 3
+    for poll in range(polls):
+        lines = SeriesLines()
+        added: list[tuple[str, tuple[str, ...], float]] = [
+            ("gpuwatch_gpu_temperature_celsius", ("0", "GPU-bound", "core"), 85.0)  # the same every poll
+        ]
+        added += [
+            ("gpuwatch_gpu_energy_joules_total", (str(i), "GPU-bound"), 1e6 + poll * new_per_poll + i + 0.5)
+            for i in range(new_per_poll)
+        ]
+        for name, labels, value in added:
+            lines.add(name, labels, value)
+        remembered = len(exposition_fast._TEXTS) + len(exposition_fast._OLD_TEXTS)
+        assert remembered <= 2 * exposition_fast._TEXT_LIMIT
+        assert 85.0 in exposition_fast._TEXTS or 85.0 in exposition_fast._OLD_TEXTS
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Library(added))
+    assert lines.body("text") == choose_encoder("")[0](registry)
