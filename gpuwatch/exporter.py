@@ -202,7 +202,7 @@ _POWER = Row("gpuwatch_gpu_power_watts")
 _ENERGY = Row(
     "gpuwatch_gpu_energy_joules_total", "gpuwatch_gpu_performance_state", "gpuwatch_gpu_power_supply_undersized"
 )
-_USE = Row(
+_USAGE = Row(
     "gpuwatch_gpu_utilization_ratio",
     "gpuwatch_gpu_memory_utilization_ratio",
     "gpuwatch_gpu_memory_used_bytes",
@@ -213,7 +213,7 @@ _USE = Row(
     "gpuwatch_gpu_ecc_enabled",
     "gpuwatch_gpu_persistence_mode_enabled",
 )
-_ROWS = Row(
+_ROW_REMAP = Row(
     "gpuwatch_gpu_row_remap_pending",
     "gpuwatch_gpu_row_remap_failed",
     "gpuwatch_gpu_retired_pages",
@@ -253,7 +253,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active)
     pids = s.process_pids
     row(
-        _USE,
+        _USAGE,
         gpu,
         (
             s.utilization_ratio,
@@ -269,7 +269,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     )
     each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
     each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
-    row(_ROWS, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
+    row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
     each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
     each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)

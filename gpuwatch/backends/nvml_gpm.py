@@ -66,6 +66,7 @@ _GIVE_UP: dict[int | None, str] = {
     "agent as root, or load nvidia with NVreg_RestrictProfilingToAdminUsers=0",  # NVML_ERROR_NO_PERMISSION
 }
 _NVLINK_GPM_LINKS = 18  # NVML_GPM_METRIC_NVLINK_L0..L17_*_PER_SEC
+_KEPT_REQUESTS = 8  # metric-id sets whose request structure is kept
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,6 @@ class _GpmState:
     cycles: dict[str, float] = field(default_factory=dict)  # elapsed and active by pipe: the device's, as read
     pcie: dict[str, float] = field(default_factory=dict)  # rx, tx: the device's counter, else the rates summed
     nvlink: dict[tuple[str, str], float] = field(default_factory=dict)  # (link, rx|tx), likewise
-    request: MetricsRequest | None = None  # the last metric ids asked, kept for the next poll
 
 
 class NvmlGpmTier(NvmlSlowTier):
@@ -123,6 +123,17 @@ class NvmlGpmTier(NvmlSlowTier):
         if states is None:
             states = self._gpm = {}
         return states
+
+    def _gpm_request(self, ids: tuple[int, ...]) -> MetricsRequest:
+        """The request asking `ids`, kept for the next poll and shared by the GPUs that ask the same (a structure of
+        ~9 KB each; the poll reads GPUs one after another, and each reads its answers before the next asks)."""
+        requests: dict[tuple[int, ...], MetricsRequest] = self.__dict__.setdefault("_gpm_requests", {})
+        request = requests.get(ids)
+        if request is None:
+            if len(requests) >= _KEPT_REQUESTS:  # link sets seen come and go: keep a few
+                requests.clear()
+            request = requests[ids] = MetricsRequest(self._lib, ids)
+        return request
 
     def activity_support(self) -> tuple[int, list[tuple[int, str]]]:
         """GPUs with real utilization, and (gpu, why not) for each GPU without it."""
@@ -204,11 +215,11 @@ class NvmlGpmTier(NvmlSlowTier):
         links = tuple(link for link in gpu.nvlinks if link < _NVLINK_GPM_LINKS)
         room = int(getattr(self._lib, "NVML_GPM_METRIC_MAX", 98))  # the binding's metrics[] array
         plan = _plan(links, state.cumulative is not False, room)
-        answers = self._metrics_get(state, first, second, plan.wanted)
+        answers = self._metrics_get(first, second, plan.wanted)
         if answers is None and plan.counters:  # a driver that refuses the ids it does not know: ask without them
             state.cumulative = False
             plan = _plan(links, False, room)
-            answers = self._metrics_get(state, first, second, plan.wanted)
+            answers = self._metrics_get(first, second, plan.wanted)
         if answers is None:
             return
         shares = {name: min(1.0, max(0.0, answers[i] / 100)) for i, name in _SHARES.items() if i in answers}
@@ -222,11 +233,9 @@ class NvmlGpmTier(NvmlSlowTier):
                 state.seconds[key] = state.seconds.get(key, 0.0) + share * seconds
         self._gpm_counters(state, answers, plan.counters, plan.rates, seconds)
 
-    def _metrics_get(self, state: _GpmState, first: Any, second: Any, ids: tuple[int, ...]) -> dict[int, float] | None:
+    def _metrics_get(self, first: Any, second: Any, ids: tuple[int, ...]) -> dict[int, float] | None:
         """metricId -> value for every metric NVML answered; None when the call itself was refused."""
-        request = state.request
-        if request is None or request.ids != ids:
-            request = state.request = MetricsRequest(self._lib, ids)
+        request = self._gpm_request(ids)
         try:
             self._invoke(None, "nvmlGpmMetricsGet", (request.prepare(first, second),), {})
         except Unavailable as exc:
