@@ -46,7 +46,8 @@ def fast_format(encoder: Encoder) -> str | None:
 
 def render(families: Iterable[Any], fmt: str) -> bytes | None:
     """The body for `fmt` ('text' or 'openmetrics'), or None when a family holds something this encoder does not
-    write (another type, a unit, a timestamp, an exemplar): the caller then uses the library."""
+    write (another type, a unit, a timestamp, an exemplar, a reserved `__` label name, which UTF-8 escaping quotes):
+    the caller then uses the library."""
     text = fmt == "text"
     out: list[str] = []
     for family in families:
@@ -66,6 +67,8 @@ def render(families: Iterable[Any], fmt: str) -> bytes | None:
             if sample.timestamp is not None or sample.exemplar is not None or getattr(sample, "native_histogram", None):
                 return None
             labels = sample.labels
+            if any(name.startswith("__") for name in labels):
+                return None
             if labels:
                 pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
                 out.append(f"{sample.name}{{{pairs}}} {_go_float(sample.value)}\n")

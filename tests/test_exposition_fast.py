@@ -91,7 +91,11 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
     stamped = GaugeMetricFamily("x_stamped", "with a timestamp", labels=["a"])
     stamped.add_metric(["1"], 1, timestamp=5)
     info = Metric("x_build", "an info family", "info")
-    for family in (unit, stamped, info):
+    # A reserved label name (`__` first: prometheus_client's validation.py, RESERVED_METRIC_LABEL_NAME_RE) is quoted
+    # by the library under UTF-8 escaping (openmetrics/exposition.py, escape_label_name) and never in a catalogue.
+    reserved = GaugeMetricFamily("x_reserved", "a reserved label name", labels=["__"])
+    reserved.add_metric([""], 0)
+    for family in (unit, stamped, info, reserved):
         assert render([family], "text") is None and render([family], "openmetrics") is None
     # Escapings that rewrite names (dots, values) are the library's.
     for accept in (
@@ -105,9 +109,10 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
 # Names as the catalogue makes them (gpuwatch/metrics.py: letters, digits, underscores; no colons, which are for
-# recording rules), valid by construction: the encoder writes names as they are and escapes only what varies.
+# recording rules), valid by construction: the encoder writes names as they are and escapes only what varies. A
+# reserved label name (`__` first) goes back to the library (test_what_it_does_not_write_goes_back_to_the_library).
 LEGACY_METRIC = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)
-LEGACY_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True)
+LEGACY_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filter(lambda name: name[:2] != "__")
 # Any text but lone surrogates (no UTF-8 encoding exists for them, the library's or ours): backslash, quote, newline,
 # control characters and astral-plane characters included, and the escapes' own spellings.
 TEXT = st.one_of(
