@@ -119,9 +119,7 @@ class NvmlGpmTier(NvmlSlowTier):
     _gpm: dict[int, _GpmState]
 
     def _gpm_states(self) -> dict[int, _GpmState]:
-        states: dict[int, _GpmState] | None = self.__dict__.get("_gpm")
-        if states is None:
-            states = self._gpm = {}
+        states: dict[int, _GpmState] = self.__dict__.setdefault("_gpm", {})
         return states
 
     def _gpm_request(self, ids: tuple[int, ...]) -> MetricsRequest:
