@@ -17,6 +17,8 @@ import contextlib
 import errno
 import io
 import logging
+import os
+import selectors
 import socket
 import sys
 import threading
@@ -49,7 +51,7 @@ StatusPage = Callable[[], str]
 
 MAX_REQUEST_LINE = 8192
 CLIENT_TIMEOUT_SECONDS = 30.0  # per read; the total deadlines are gpuwatch.connections'
-REAP_INTERVAL_SECONDS = 0.5
+STOP_WAIT_SECONDS = 1.0  # for the accept and reaper threads, which wake at once when asked to stop
 PLAIN_HTTP_ON_TLS = "Client sent an HTTP request to an HTTPS server.\n"  # Go's words, which operators search for
 
 
@@ -86,6 +88,45 @@ class _Server(ThreadingMixIn, WSGIServer):
     wrap_socket: Callable[[socket.socket], socket.socket] | None = None  # TLS (gpuwatch.webconfig)
     table: ConnectionTable
     _local: threading.local
+    _stopping = False
+    _wake_fds: tuple[int, ...] = ()  # the stop pipe (read end, write end) while the server is open
+
+    def serve_until_stopped(self) -> None:
+        """Accept connections until `stop_serving`. socketserver's serve_forever wakes every poll_interval to look
+        for a shutdown request; this waits in the selector without a timeout, woken by a byte on its own pipe, so
+        an idle agent's HTTP side never wakes."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            if self._wake_fds:
+                selector.register(self._wake_fds[0], selectors.EVENT_READ)
+            while not self._stopping:
+                for key, _ in selector.select():
+                    if key.fileobj is self and not self._stopping:
+                        self._accept_one()
+
+    def _accept_one(self) -> None:
+        """What socketserver does for a readable listening socket: accept, then hand over (process_request)."""
+        try:
+            request, client_address = self.get_request()
+        except OSError:  # the client left before accept, or out of descriptors (get_request paused)
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def stop_serving(self) -> None:
+        self._stopping = True
+        if self._wake_fds:
+            os.write(self._wake_fds[1], b"x")
+
+    def server_close(self) -> None:
+        """Close the socket and the stop pipe, once: a descriptor number closed twice may be someone else's."""
+        super().server_close()
+        fds, self._wake_fds = self._wake_fds, ()
+        for fd in fds:
+            os.close(fd)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         """accept(), but out of descriptors (EMFILE) frees one or pauses: never a 100 % CPU loop, never a traceback."""
@@ -260,8 +301,8 @@ class HttpServer:
         self._server.wrap_socket = wrap_socket
         self._server.table = ConnectionTable()
         self._server._local = threading.local()
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-        self._stopped = threading.Event()
+        self._server._wake_fds = os.pipe()
+        self._thread = threading.Thread(target=self._server.serve_until_stopped, name="http", daemon=True)
         self._reaper = threading.Thread(target=self._reap, name="http-deadlines", daemon=True)
 
     @property
@@ -273,14 +314,17 @@ class HttpServer:
         self._reaper.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._server.shutdown()
+        """Stop accepting and reaping; connections being answered finish in their own (daemon) threads."""
+        self._server.stop_serving()
+        self._server.table.stop_reaping()
+        for thread in (self._thread, self._reaper):
+            if thread.ident is not None:  # started
+                thread.join(STOP_WAIT_SECONDS)
         self._server.server_close()
 
     def _reap(self) -> None:
         """Close connections past their deadlines (a total for the request head, not one per read)."""
-        while not self._stopped.wait(REAP_INTERVAL_SECONDS):
-            self._server.table.reap()
+        self._server.table.reap_until_stopped()
 
 
 def _server_class_for(host: str, port: int) -> type[_Server]:

@@ -135,6 +135,40 @@ def test_trickling_clients_hold_no_more_than_the_cap_and_a_scrape_still_gets_thr
             sock.close()
 
 
+def _sleeps(thread: threading.Thread) -> int:
+    """How many times the thread has blocked so far: its voluntary context switches (proc(5), /proc/pid/task/tid/
+    status). A thread that wakes on a timer, however briefly, adds one per wake."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")))
+
+
+def test_an_idle_server_never_wakes_and_still_answers_at_once(server: HttpServer) -> None:
+    """socketserver's serve_forever looks for a shutdown request every 0.5 s and the reaper used to tick as often:
+    ~4 wakes a second of an idle agent for nothing. Now both block until a client or a deadline comes."""
+    time.sleep(0.3)  # both threads are in their waits
+    before = [_sleeps(server._thread), _sleeps(server._reaper)]
+    time.sleep(1.6)
+    assert [_sleeps(server._thread), _sleeps(server._reaper)] == before
+    started = time.monotonic()
+    assert get(server.port).startswith(b"HTTP/1.0 200")
+    assert time.monotonic() - started < 2.0
+
+
+def test_stop_is_prompt_frees_the_port_and_works_before_start() -> None:
+    """SIGTERM must not wait for a poll interval: the accept loop and the reaper are woken to stop."""
+    srv = serve()
+    port = srv.port
+    assert get(port).startswith(b"HTTP/1.0 200")
+    started = time.monotonic()
+    srv.stop()
+    assert time.monotonic() - started < 0.9  # each thread gets STOP_WAIT_SECONDS (1.0) before stop moves on
+    assert not srv._thread.is_alive() and not srv._reaper.is_alive()
+    again = HttpServer("127.0.0.1", port, make_app(CollectorRegistry(), lambda: (True, "ok"), lambda: ""))
+    again.stop()  # never started: returns, closes the socket and its stop pipe
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
 def test_when_every_slot_is_being_answered_a_newcomer_gets_503(server: HttpServer) -> None:
     table = server._server.table
     clients = trickle(server.port, 16)

@@ -102,8 +102,11 @@ class TieredBackend(Generic[G]):
         with self._events_lock:
             events = self._wait_locked(timeout_s) if self._events_ready() else None
         if events is None:
-            # Nothing to wait on, or the wait failed early: keep the caller's loop from spinning.
-            time.sleep(max(0.0, deadline - time.monotonic()))
+            # Nothing to wait on, or the wait failed early: keep the caller's loop from spinning. After a whole
+            # wait there is nothing left, and a sleep(0) would still give up the GIL: a thread wake for nothing.
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(left)
             return []
         return events
 
