@@ -121,26 +121,12 @@ class ConnectionTable:
                 return True
         return False
 
-    def reap(self) -> int:
-        """Close connections past their deadlines; how many were closed."""
-        with self._lock:
-            return self._reap_locked(self.now())
-
-    def _reap_locked(self, now: float) -> int:
-        closed = 0
-        for key, conn in list(self._open.items()):
-            if now > _deadline(conn):
-                _shut(conn)
-                del self._open[key]
-                closed += 1
-        return closed
-
     def reap_until_stopped(self) -> None:
         """The reaper thread: close each connection at its deadline until `stop_reaping`."""
         with self._changed:
             while not self._stopping:
                 now = self.now()
-                self._reap_locked(now)
+                self._close_past_deadline_locked(now)
                 earliest = min(map(_deadline, self._open.values()), default=None)
                 self._reaper_asleep = earliest is None
                 self._changed.wait(None if earliest is None else earliest - now + REAP_SLACK_SECONDS)
@@ -150,6 +136,12 @@ class ConnectionTable:
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
+
+    def _close_past_deadline_locked(self, now: float) -> None:
+        for key, conn in list(self._open.items()):
+            if now > _deadline(conn):
+                _shut(conn)
+                del self._open[key]
 
     def count(self) -> int:
         with self._lock:
