@@ -145,10 +145,15 @@ def _sleeps(thread: threading.Thread) -> int:
 def test_an_idle_server_never_wakes_and_still_answers_at_once(server: HttpServer) -> None:
     """socketserver's serve_forever looks for a shutdown request every 0.5 s and the reaper used to tick as often:
     ~4 wakes a second of an idle agent for nothing. Now both block until a client or a deadline comes."""
-    time.sleep(0.3)  # both threads are in their waits
-    before = [_sleeps(server._thread), _sleeps(server._reaper)]
+    threads = (server._thread, server._reaper)
+    before = [_sleeps(t) for t in threads]
+    for _ in range(25):  # until both are in their waits (a loaded machine may start them late)
+        time.sleep(0.2)
+        settled, before = before, [_sleeps(t) for t in threads]
+        if before == settled:
+            break
     time.sleep(1.6)
-    assert [_sleeps(server._thread), _sleeps(server._reaper)] == before
+    assert [_sleeps(t) for t in threads] == before
     started = time.monotonic()
     assert get(server.port).startswith(b"HTTP/1.0 200")
     assert time.monotonic() - started < 2.0
