@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.config import load_config, parse_listen
+from gpuwatch.config import Config, load_config, parse_listen
 from gpuwatch.exitcodes import EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.promstack import HOST, Interrupted, LocalServer, ServerStartError, start_server, which_first
 from gpuwatch.shipped import ShippedFileMissing, shipped_file
@@ -88,8 +88,9 @@ def demo_alerting(
         overrides.setdefault("agent", {}).setdefault("state_dir", str(workdir / "state"))
         config = load_config(config_path, overrides)
         setup_logging(config.agent.log_level)
-        keep = _run(config, rule_files, routing, workdir, stop) != EXIT_OK
-        return EXIT_UNAVAILABLE if keep else EXIT_OK
+        code = _run(config, rule_files, routing, workdir, stop)
+        keep = code != EXIT_OK and any(workdir.glob("*.log"))  # a server failed: its whole log stays readable
+        return code
     finally:
         if keep:
             print(f"gpuwatch demo: the logs and data are kept in {workdir}", file=sys.stderr)
@@ -97,7 +98,7 @@ def demo_alerting(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(config: Any, rule_files: list[Path], routing: Path, workdir: Path, stop: threading.Event) -> int:
+def _run(config: Config, rule_files: list[Path], routing: Path, workdir: Path, stop: threading.Event) -> int:
     from gpuwatch.agent import Agent
     from gpuwatch.simulation import build_sources
     from gpuwatch.startup import StartupError
