@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_agent_flags(demo, demo=True)
+    demo.add_argument(
+        "--alerting",
+        action="store_true",
+        help="also run Prometheus and Alertmanager from PATH with the shipped rules and routing, on free loopback "
+        "ports, and print each alert as it fires (Debian: apt-get install prometheus prometheus-alertmanager)",
+    )
     snap = sub.add_parser("snapshot", help="one reading of every GPU, printed, then exit")
     snap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     snap.add_argument("--config", type=Path)
@@ -263,6 +269,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = _overrides(args)
         overrides.setdefault("agent", {})["backend"] = "simulated"
         overrides.setdefault("probe", {}).setdefault("interval_seconds", 10.0)  # probe scenarios show within a minute
+        if args.alerting:
+            return _demo_alerting(args, overrides)
         overrides["agent"].setdefault("listen", f"127.0.0.1:{DEFAULT_PORT}")  # a demo is for this machine only
         if "state_dir" not in overrides["agent"]:
             from gpuwatch.statedir import StateDirUnsafe, demo_state_dir, make_private_dir
@@ -310,6 +318,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             reset_baseline=args.reset_baseline,
         )
     raise AssertionError(args.command)
+
+
+def _demo_alerting(args: argparse.Namespace, overrides: dict[str, dict[str, Any]]) -> int:
+    from gpuwatch.demo_alerting import demo_alerting
+
+    if args.web_config is not None:  # Prometheus would need the CA and the credentials too: not a demo's job
+        print("gpuwatch demo: --alerting serves plain HTTP on loopback; leave out --web-config", file=sys.stderr)
+        return EXIT_USAGE
+    overrides["agent"].setdefault("listen", "127.0.0.1:0")  # a free port; Prometheus is told which
+    code = demo_alerting(_config_path(args) if args.config else None, overrides, _setup_logging)
+    _exit_even_if_a_vendor_call_hangs(code)
+    return code
 
 
 def _scenario_needs_probe(config: Config) -> bool:
@@ -360,13 +380,13 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
     return EXIT_OK
 
 
-def _exit_even_if_a_vendor_call_hangs() -> None:
+def _exit_even_if_a_vendor_call_hangs(code: int = EXIT_OK) -> None:
     """A poll thread stuck in a driver call would block interpreter exit forever; leave without joining it."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_OK)
+        os._exit(code)
 
 
 if __name__ == "__main__":
