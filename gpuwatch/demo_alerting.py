@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,7 +22,15 @@ from typing import Any
 
 from gpuwatch.config import Config, load_config, parse_listen
 from gpuwatch.exitcodes import EXIT_OK, EXIT_UNAVAILABLE
-from gpuwatch.promstack import HOST, Interrupted, LocalServer, ServerStartError, start_server, which_first
+from gpuwatch.promstack import (
+    HOST,
+    Interrupted,
+    LocalServer,
+    ServerStartError,
+    StopFlag,
+    start_server,
+    which_first,
+)
 from gpuwatch.shipped import ShippedFileMissing, shipped_file
 
 PROMETHEUS = ("prometheus",)
@@ -79,9 +86,9 @@ def demo_alerting(
     except ShippedFileMissing as exc:
         print(f"gpuwatch: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    stop = threading.Event()
+    stop = StopFlag()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a closed terminal stops the servers too
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, stop.set)  # sets a flag, nothing else
     workdir = Path(tempfile.mkdtemp(prefix="gpuwatch-demo-"))  # 0700, removed at exit
     keep = False
     try:
@@ -98,7 +105,7 @@ def demo_alerting(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(config: Config, rule_files: list[Path], routing: Path, workdir: Path, stop: threading.Event) -> int:
+def _run(config: Config, rule_files: list[Path], routing: Path, workdir: Path, stop: StopFlag) -> int:
     from gpuwatch.agent import Agent
     from gpuwatch.simulation import build_sources
     from gpuwatch.startup import StartupError
@@ -170,7 +177,7 @@ def _run(config: Config, rule_files: list[Path], routing: Path, workdir: Path, s
         agent.stop()
 
 
-def _watch(servers: list[LocalServer], alertmanager: LocalServer, started: float, stop: threading.Event) -> int:
+def _watch(servers: list[LocalServer], alertmanager: LocalServer, started: float, stop: StopFlag) -> int:
     """Print every alert the first time Alertmanager holds it active, until stopped or a server dies."""
     seen: set[str] = set()
     while not stop.wait(ALERT_POLL_SECONDS):

@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,6 +26,32 @@ START_TRIES = 5
 READY_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 10.0
 _IN_USE = "address already in use"
+
+
+class StopFlag:
+    """Set by a signal handler, read by the loops that wait on it. A handler may only set a flag: a
+    threading.Event's set() takes a lock, which deadlocks when the signal lands while the main thread holds it (in
+    its own wait). A wait here is a sleep, which a signal interrupts and Python resumes for what is left (PEP 475),
+    so a flag set by a handler is seen within one wait."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self, *_: object) -> None:
+        """Usable as the signal handler itself."""
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds in short steps; whether the flag is set."""
+        deadline = time.monotonic() + timeout
+        while not self._set and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+        return self._set
 
 
 class ServerStartError(Exception):
@@ -99,7 +124,7 @@ def start_server(
     name: str,
     command: Callable[[int], list[str]],
     log_path: Path,
-    stop: threading.Event,
+    stop: StopFlag,
     *,
     ports: Iterator[int] | None = None,
     ready_timeout: float = READY_TIMEOUT_SECONDS,
@@ -129,7 +154,7 @@ def start_server(
     )
 
 
-def _wait_ready(server: LocalServer, stop: threading.Event, timeout: float) -> bool:
+def _wait_ready(server: LocalServer, stop: StopFlag, timeout: float) -> bool:
     """True once it answers /-/ready while still running; False if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

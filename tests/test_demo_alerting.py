@@ -27,7 +27,7 @@ import pytest
 from ports import free_port
 from processes import stop
 
-from gpuwatch.promstack import ServerStartError, start_server
+from gpuwatch.promstack import ServerStartError, StopFlag, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -233,7 +233,7 @@ def test_a_taken_port_is_retried_on_another(tmp_path: Path) -> None:
                 "--cluster.listen-address=",
             ],
             tmp_path / "am.log",
-            threading.Event(),
+            StopFlag(),
             ports=iter([taken, free]),
         )
         try:
@@ -262,7 +262,7 @@ def test_a_server_that_fails_for_another_reason_is_not_retried(tmp_path: Path) -
                 "--cluster.listen-address=",
             ],
             tmp_path / "am.log",
-            threading.Event(),
+            StopFlag(),
             ports=ports,
         )
     assert next(ports, None) is not None  # the second port was never drawn
