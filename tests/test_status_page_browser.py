@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -145,7 +146,7 @@ class Page(HTMLParser):
             self._where, self._cls, self._text = int(ident[4:]), a.get("class") or "", []
         elif tag in ("ul", "p") and ident in ("node", "summary"):
             self._where, self._text = ident, []
-        if tag == "a" and "runbooks.md#" in (a.get("href") or ""):
+        if tag == "a" and "runbooks#" in (a.get("href") or ""):
             self.runbooks.append(a.get("href") or "")
 
     def handle_endtag(self, tag: str) -> None:
@@ -182,7 +183,11 @@ def test_every_fault_scenario_names_the_fault_the_gpu_and_the_remedy(
         # the remedy right after it, and the runbook of the alert whose condition it is
         after = text[text.index(words) :]
         assert "what to do:" in after and f"runbook: {alert}" in after, (where, after)
-        assert any(href.endswith(f"docs/runbooks.md#{alert.lower()}") for href in page.runbooks), page.runbooks
+        # relative to the page, so it works behind any host, port, TLS or path prefix; the agent itself serves it
+        href = next((h for h in page.runbooks if h.endswith(f"runbooks#{alert.lower()}")), None)
+        assert href == f"./runbooks#{alert.lower()}", page.runbooks
+        with urllib.request.urlopen(urllib.parse.urljoin(url, href), timeout=10) as reply:
+            assert f'<h2 id="{alert.lower()}">{alert}</h2>' in reply.read().decode()
         if isinstance(where, int):
             assert page.rows[where][0] in ("row-bad", "row-warn"), page.rows[where]
     assert "healthy" not in page.summary.split(";")[0] or scenario == "mixed", page.summary
