@@ -9,6 +9,7 @@ both places (the rules file is what Prometheus reads; this module is what a pers
 from __future__ import annotations
 
 __all__ = [
+    "RUNBOOK_FILE",
     "RUNBOOK_PATH",
     "THRESHOLDS",
     "XID_APPLICATION",

@@ -262,3 +262,19 @@ def test_a_lifetime_count_of_uncorrectable_ecc_errors_is_a_warning() -> None:
     flags = health_flags(_view(probe_age_s=None, ecc_uncorrected=3))  # type: ignore[arg-type]
     ecc = [f for f in flags if "ECC" in f.text]
     assert [(f.level, f.text) for f in ecc] == [("warn", "3 uncorrectable ECC errors (lifetime count)")]
+
+
+def test_the_runbooks_page_opens_at_its_alert_and_leads_back(
+    nodes: dict[str, tuple[subprocess.Popen[bytes], str]], browser: Browser, shots: Path
+) -> None:
+    """A runbook link as the on-call follows it: Chromium opens the agent's /runbooks at the alert's section (every
+    alert has one, default and opt-in), under the page's Content-Security-Policy, with the way back to the status
+    page."""
+    from promrules import every_alert_rule
+
+    _, url = nodes["healthy"]
+    dom, png = browser.page(url + "runbooks#gpuoverheating")
+    save(shots / "runbooks.png", png)
+    ids = set(re.findall(r'<h2 id="([^"]+)"', dom))
+    assert {rule["alert"].lower() for _, rule in every_alert_rule()} <= ids, sorted(ids)
+    assert '<a href="./">' in dom and "<script" not in dom
