@@ -161,8 +161,10 @@ evaluation). Every summary names the node (`{node}`: the `node` label, else `ins
 and the value with its unit and its limit. In summaries, `{label}` stands for that label's value, `{value}` for the
 alert's value, `{model}` for the GPU's model (looked up in `gpuwatch_gpu_info`), and `{expression}` for a value the
 summary looks up with the `query` template function (the `gpuwatch_` prefix and the alert's own label matchers left
-out); "Rendered" below shows real ones. Alerts may be added; none is renamed (`tests/fixtures/spec-names.json` keeps
-the names first agreed).
+out); "Rendered" below shows real ones. Each description ends with the first step of the alert's runbook ("What to
+do: ..."), and `runbook_url` links its section of the runbooks: the agent's own `/runbooks` unless you set a base of
+your own (docs/alerting.md, "Runbook links"). Alerts may be added; none is renamed (`tests/fixtures/spec-names.json`
+keeps the names first agreed).
 """
 
 
@@ -208,8 +210,8 @@ def _summary(text: str) -> str:
 
 
 def _runbook(url: str) -> str:
-    page, _, anchor = url.partition("#")
-    return f"[runbook](runbooks.md#{anchor})" if page.endswith("docs/runbooks.md") else f"[runbook]({url})"
+    """The runbook_url template ends in its section's anchor (the base is the operator's, or the agent's /runbooks)."""
+    return f"[runbook](runbooks.md#{url.rpartition('#')[2]})"
 
 
 def _comments_above(path: Path, marker: str) -> list[str]:

@@ -22,7 +22,7 @@ from gpuwatch.model import GpuReading, HostSample
 from gpuwatch.simulation import build_sources
 from gpuwatch.sources import BackendSlot, amd_versions
 from gpuwatch.statedir import state_dir_problem, writable_problem
-from gpuwatch.thresholds import runbook_url
+from gpuwatch.thresholds import runbook_reference
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 
 
@@ -142,7 +142,7 @@ def print_gpus(
     """A row per GPU with its readings against its limits and a verdict; each finding under it, with what to do."""
     for name, message in problems.items():
         print(paint("bad", f"{name}: unavailable: {message}"))
-        print(f"    what to do: check the driver (nvidia-smi / amd-smi, dmesg) · {runbook_url('GpuBackendDown')}")
+        print(f"    what to do: check the driver (nvidia-smi / amd-smi, dmesg) · {runbook_reference('GpuBackendDown')}")
     seen = len(readings)
     total = sum(expected.values())
     if total:
@@ -220,7 +220,7 @@ def print_gpus(
         for f in findings:
             if f.attention:
                 print(f"     {paint(f.level, '!')} {f.text}")
-                print(f"       what to do: {f.remedy} · {f.runbook}")
+                print(f"       what to do: {f.remedy} · {runbook_reference(f.alert)}")
 
 
 def print_host(samples: list[HostSample], problems: dict[str, str], paint: Paint) -> None:
@@ -260,7 +260,7 @@ def print_host(samples: list[HostSample], problems: dict[str, str], paint: Paint
             print(f"{p.psu[:32]:<32} {_fmt(watts):>8}  {state}{detail}")
     for f in judge_host(samples):
         print(f"{paint(f.level, '!')} {f.text}")
-        print(f"  what to do: {f.remedy} · {f.runbook}")
+        print(f"  what to do: {f.remedy} · {runbook_reference(f.alert)}")
     lost = [s.psu_redundancy_lost for s in samples if s.psu_redundancy_lost is not None]
     if lost:
         print(f"power-supply redundancy: {paint('warn', 'LOST') if any(lost) else paint('ok', 'ok')}")

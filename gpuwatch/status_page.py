@@ -67,9 +67,15 @@ def _finding_html(f: Finding) -> str:
     if f.attention:
         todo = (
             f'<span class="todo">what to do: {html.escape(f.remedy)} · '
-            f'<a href="{html.escape(f.runbook)}">runbook: {html.escape(f.alert)}</a></span>'
+            f'<a href="{html.escape(_relative(f.runbook))}">runbook: {html.escape(f.alert)}</a></span>'
         )
     return f'<span class="flag {f.level}">{html.escape(f.text)}</span>{todo}'
+
+
+def _relative(path: str) -> str:
+    """The agent's own path relative to this page ("./runbooks#..."), so a link works behind any host, port, TLS or
+    a reverse proxy's path prefix."""
+    return "." + path
 
 
 def _health_cell(v: GpuView) -> str:
@@ -295,7 +301,7 @@ def render_status_page(snap: StoreSnapshot) -> str:
 <p class="summary" id="summary">{summary}</p>
 <p>Read {read_at}, refreshes every {REFRESH_SECONDS} s · backends: {backends or "none"} ·
 <a href="/metrics">/metrics</a> (Prometheus) · <a href="/healthz">/healthz</a> · <a href="/health/gpus">/health/gpus</a>
-· gpuwatch {html.escape(__version__)}</p>
+· <a href="./runbooks">/runbooks</a> (what to do per alert) · gpuwatch {html.escape(__version__)}</p>
 {_node_section(node)}
 <h2>GPUs</h2>
 {table}

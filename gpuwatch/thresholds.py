@@ -9,10 +9,12 @@ both places (the rules file is what Prometheus reads; this module is what a pers
 from __future__ import annotations
 
 __all__ = [
-    "RUNBOOK_BASE",
+    "RUNBOOK_FILE",
+    "RUNBOOK_PATH",
     "THRESHOLDS",
     "XID_APPLICATION",
     "XID_CRITICAL",
+    "runbook_reference",
     "runbook_url",
     "threshold",
     "xid_class",
@@ -107,9 +109,17 @@ def xid_meaning(code: int) -> str:
     return "see NVIDIA's XID catalogue"
 
 
-RUNBOOK_BASE = "https://github.com/gpuwatch/gpuwatch/blob/main/docs/runbooks.md"
+# The agent serves docs/runbooks.md at this path (gpuwatch.web), an anchor per alert: a link that works inside a
+# datacentre with no internet, and the default of the rules' runbook_url (docs/alerting.md, "Runbook links").
+RUNBOOK_PATH = "/runbooks"
+RUNBOOK_FILE = "docs/runbooks.md"
 
 
 def runbook_url(alert: str) -> str:
-    """The runbook section of an alert (docs/runbooks.md, the rules' runbook_url)."""
-    return f"{RUNBOOK_BASE}#{alert.lower()}"
+    """The alert's runbook on the agent, as a path: each agent serves it, so a link needs no host of its own."""
+    return f"{RUNBOOK_PATH}#{alert.lower()}"
+
+
+def runbook_reference(alert: str) -> str:
+    """The alert's runbook for text read away from a browser (the CLI, the journal): the agent's path and the file."""
+    return f"runbook: {runbook_url(alert)} on the agent, {RUNBOOK_FILE}#{alert.lower()}"

@@ -2,7 +2,7 @@
 
 The status page, `gpuwatch snapshot` and `/health/gpus` all read their verdicts from here, and every number comes
 from gpuwatch.thresholds (the same values as the rules' ``gpuwatch:threshold:*`` records). Each finding names the
-alert whose condition it is, so its "what to do" line links that alert's runbook (docs/runbooks.md#<alert>).
+alert whose condition it is, so its "what to do" line links that alert's runbook (/runbooks#<alert> on the agent).
 
 The rules judge over time (``for:`` durations, rates over a window); a single reading cannot, so a finding here is the
 condition *now* — what the alert fires on once it has held for its duration.

@@ -1,10 +1,12 @@
-"""The agent's HTTP server: /metrics, /healthz, /health/gpus and a plain status page, one thread per request.
+"""The agent's HTTP server: /metrics, /healthz, /health/gpus, a plain status page and the runbooks, one thread per
+request.
 
 /healthz is the agent's liveness (systemd watchdog, Kubernetes livenessProbe): 503 only when the agent itself is
 stuck (its first poll not finished, a poll loop hung in a vendor call), never for the hardware's faults, which a
 restart does not mend. /health/gpus is the node's GPU health for a load balancer or a scheduler's node check: 503
 with one line per problem while a GPU is lost or missing, a vendor library is down, or any condition an alert rule
-pages on shows (docs/configuration.md, "Health endpoints").
+pages on shows (docs/configuration.md, "Health endpoints"). /runbooks is docs/runbooks.md, rendered on the first
+request (gpuwatch.runbooks_page), where every alert's runbook link points by default.
 
 A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
 What a client can hold before it is answered — connections, threads, time, header bytes — is bounded by
@@ -41,6 +43,7 @@ from gpuwatch.connections import (
     read_head,
     simple_response,
 )
+from gpuwatch.runbooks_page import CONTENT_SECURITY_POLICY, RunbooksPage, RunbooksUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +230,10 @@ def make_app(
     status_page: StatusPage,
     metrics_app: Callable[..., Any] | None = None,  # the agent's: gpuwatch.exposition_cache
     gpu_health: HealthCheck | None = None,  # /health/gpus
+    runbooks: RunbooksPage | None = None,  # /runbooks; the shipped docs/runbooks.md unless given
 ) -> Callable[..., Any]:
     metrics_app = metrics_app or make_wsgi_app(registry)
+    runbooks = runbooks or RunbooksPage()
 
     def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -245,7 +250,21 @@ def make_app(
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
         if path in ("/", "/index.html"):
             return _reply(start_response, "200 OK", status_page().encode(), content_type="text/html; charset=utf-8")
-        return _reply(start_response, "404 Not Found", b"not found; try /metrics, /healthz, /health/gpus or /\n")
+        if path == "/runbooks":
+            try:
+                page = runbooks.html()
+            except RunbooksUnavailable as exc:  # a broken install: say so, and keep serving everything else
+                return _reply(start_response, "500 Internal Server Error", f"{exc}\n".encode())
+            return _reply(
+                start_response,
+                "200 OK",
+                page,
+                content_type="text/html; charset=utf-8",
+                extra=[("Content-Security-Policy", CONTENT_SECURITY_POLICY)],
+            )
+        return _reply(
+            start_response, "404 Not Found", b"not found; try /metrics, /healthz, /health/gpus, /runbooks or /\n"
+        )
 
     return app
 

@@ -4,6 +4,7 @@ from the real agent over time turned into promtool `input_series`."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,45 @@ def spec_alerts(path: Path = SPEC_NAMES) -> dict[str, str]:
 def shipped_alert_rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def every_alert_rule() -> list[tuple[Path, dict[str, Any]]]:
+    """(file, rule) for every alert gpuwatch ships: the default file and the opt-in ones of optional/."""
+    files = [PROM_DIR / "gpuwatch-alerts.yml", *sorted((PROM_DIR / "optional").glob("*.yml"))]
+    return [
+        (path, rule)
+        for path in files
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+
+
+def runbook_sections(path: Path = ROOT / "docs" / "runbooks.md") -> dict[str, str]:
+    """Alert name -> the text of its `## Name` section of docs/runbooks.md."""
+    sections = re.split(r"^## ", path.read_text(), flags=re.M)[1:]
+    return {section.split("\n", 1)[0].strip(): section for section in sections}
+
+
+def first_step(section: str) -> str | None:
+    """The first sentence of a runbook section's "**What to do.**" paragraph, on one line: what every alert's
+    description ends with. A sentence ends at a full stop followed by a space or the paragraph's end, outside `code`
+    and parentheses (`nvidia-smi -r -i N`, "(RMA).")."""
+    found = re.search(r"^\*\*What to do\.\*\* (.+?)(?:\n\n|\Z)", section, re.M | re.S)
+    if found is None:
+        return None
+    paragraph = " ".join(found[1].split())
+    in_code, depth = False, 0
+    for i, char in enumerate(paragraph):
+        if char == "`":
+            in_code = not in_code
+        elif in_code:
+            continue
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "." and depth == 0 and (i + 1 == len(paragraph) or paragraph[i + 1] == " "):
+            return paragraph[: i + 1]
+    return paragraph
 
 
 def write_rules_without_annotations(dest: Path) -> None:

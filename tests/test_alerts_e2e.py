@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_port_range
-from promrules import PROM_DIR, ROOT
+from promrules import PROM_DIR, ROOT, first_step, runbook_sections
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = pytest.mark.skipif(
@@ -282,10 +282,17 @@ def test_healthy_nodes_raise_nothing(fleet_run: Outcome) -> None:
 
 
 def test_descriptions_carry_the_values(fleet_run: Outcome) -> None:
+    """...and what to do (the first step of the alert's runbook), and a runbook link that works with no internet:
+    the alert's own agent serves the section it names."""
+    steps = {name: first_step(section) for name, section in runbook_sections().items()}
     for notification in fleet_run.hook.received:
         for alert in notification["alerts"]:
-            annotations = alert["annotations"]
-            assert annotations["runbook_url"].endswith("#" + alert["labels"]["alertname"].lower())
+            annotations, name = alert["annotations"], alert["labels"]["alertname"]
+            url = annotations["runbook_url"]
+            assert url == f"http://{alert['labels']['instance']}/runbooks#{name.lower()}", url
+            with urllib.request.urlopen(url, timeout=10) as reply:  # the fragment stays in the browser
+                assert f'<h2 id="{name.lower()}">{name}</h2>' in reply.read().decode(), url
+            assert annotations["description"].endswith(f" What to do: {steps[name]}"), annotations["description"]
             assert "{{" not in annotations["description"] and "<no value>" not in annotations["description"]
             if alert["labels"]["alertname"] == "GpuOverheating":
                 assert re.search(r"at \d+(\.\d+)? °C", annotations["description"]), annotations["description"]

@@ -50,7 +50,8 @@ def test_on_a_terminal_the_verdicts_are_coloured() -> None:
     # GPU 5's 500 W limit against its 700 W default: flagged, in the warning colour, with what to do
     assert re.search(r"\n +5 .*\x1b\[33mpower-capped: limit 500 W, default 700 W", out), out
     assert "what to do: restore the limit: nvidia-smi -i <gpu> -pl 700" in out
-    assert "docs/runbooks.md#gpupowerlimitbelowdefault" in out
+    anchor = "gpupowerlimitbelowdefault"
+    assert f"runbook: /runbooks#{anchor} on the agent, docs/runbooks.md#{anchor}" in out
     assert "\x1b[32mok\x1b[0m" in out  # healthy GPUs in green
     plain = ANSI.sub("", out)
     assert re.search(r"\n +0 +NVIDIA H100 80GB HBM3 +\d+/89 +\d+/95 +\d+/700 +345/1980 +0% +\d+x16/5x16  ok", plain)
@@ -102,4 +103,4 @@ def test_json_keeps_its_shape_and_adds_findings() -> None:
     gpu5 = next(g for g in document["gpus"] if g["identity"]["index"] == 5)
     assert gpu5["sample"]["power_limit_watts"]["enforced"] == 500
     assert [f["alert"] for f in gpu5["findings"]] == ["GpuPowerLimitBelowDefault"]
-    assert gpu5["findings"][0]["runbook"].endswith("docs/runbooks.md#gpupowerlimitbelowdefault")
+    assert gpu5["findings"][0]["runbook"] == "/runbooks#gpupowerlimitbelowdefault"  # the path the agent serves it at

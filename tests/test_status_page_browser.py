@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -145,7 +146,7 @@ class Page(HTMLParser):
             self._where, self._cls, self._text = int(ident[4:]), a.get("class") or "", []
         elif tag in ("ul", "p") and ident in ("node", "summary"):
             self._where, self._text = ident, []
-        if tag == "a" and "runbooks.md#" in (a.get("href") or ""):
+        if tag == "a" and "runbooks#" in (a.get("href") or ""):
             self.runbooks.append(a.get("href") or "")
 
     def handle_endtag(self, tag: str) -> None:
@@ -182,7 +183,11 @@ def test_every_fault_scenario_names_the_fault_the_gpu_and_the_remedy(
         # the remedy right after it, and the runbook of the alert whose condition it is
         after = text[text.index(words) :]
         assert "what to do:" in after and f"runbook: {alert}" in after, (where, after)
-        assert any(href.endswith(f"docs/runbooks.md#{alert.lower()}") for href in page.runbooks), page.runbooks
+        # relative to the page, so it works behind any host, port, TLS or path prefix; the agent itself serves it
+        href = next((h for h in page.runbooks if h.endswith(f"runbooks#{alert.lower()}")), None)
+        assert href == f"./runbooks#{alert.lower()}", page.runbooks
+        with urllib.request.urlopen(urllib.parse.urljoin(url, href), timeout=10) as reply:
+            assert f'<h2 id="{alert.lower()}">{alert}</h2>' in reply.read().decode()
         if isinstance(where, int):
             assert page.rows[where][0] in ("row-bad", "row-warn"), page.rows[where]
     assert "healthy" not in page.summary.split(";")[0] or scenario == "mixed", page.summary
@@ -257,3 +262,19 @@ def test_a_lifetime_count_of_uncorrectable_ecc_errors_is_a_warning() -> None:
     flags = health_flags(_view(probe_age_s=None, ecc_uncorrected=3))  # type: ignore[arg-type]
     ecc = [f for f in flags if "ECC" in f.text]
     assert [(f.level, f.text) for f in ecc] == [("warn", "3 uncorrectable ECC errors (lifetime count)")]
+
+
+def test_the_runbooks_page_opens_at_its_alert_and_leads_back(
+    nodes: dict[str, tuple[subprocess.Popen[bytes], str]], browser: Browser, shots: Path
+) -> None:
+    """A runbook link as the on-call follows it: Chromium opens the agent's /runbooks at the alert's section (every
+    alert has one, default and opt-in), under the page's Content-Security-Policy, with the way back to the status
+    page."""
+    from promrules import every_alert_rule
+
+    _, url = nodes["healthy"]
+    dom, png = browser.page(url + "runbooks#gpuoverheating")
+    save(shots / "runbooks.png", png)
+    ids = set(re.findall(r'<h2 id="([^"]+)"', dom))
+    assert {rule["alert"].lower() for _, rule in every_alert_rule()} <= ids, sorted(ids)
+    assert '<a href="./">' in dom and "<script" not in dom

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from dashboard_queries import ALLOWED_EMPTY, queries, substitute
-from promrules import PROM_DIR
+from promrules import PROM_DIR, first_step, runbook_sections
 from test_alerts_e2e import (
     EXPECTED,
     INHIBITED,
@@ -155,12 +155,15 @@ def test_healthy_nodes_raise_nothing(stack: Stack) -> None:
 
 def test_descriptions_rendered_by_vmalert(stack: Stack) -> None:
     """vmalert renders the shipped annotations (humanize, humanizePercentage, the `query` template function)."""
+    steps = {name: first_step(section) for name, section in runbook_sections().items()}
     seen = set()
     for notification in stack.hook.received:
         for alert in notification["alerts"]:
             annotations, name = alert["annotations"], alert["labels"]["alertname"]
             seen.add(name)
-            assert annotations["runbook_url"].endswith("#" + name.lower())
+            # no gpuwatch_runbook_base label (vmalert.env leaves it commented): the alert's own agent's /runbooks
+            assert annotations["runbook_url"] == f"http://{alert['labels']['instance']}/runbooks#{name.lower()}"
+            assert annotations["description"].endswith(f" What to do: {steps[name]}"), annotations["description"]
             assert "{{" not in annotations["description"] and "<no value>" not in annotations["description"]
             if name == "GpuCountBelowExpected":  # the `query` function: "fewer than the 8 it is expected to have"
                 assert f"fewer than the {GPUS} it is" in " ".join(annotations["description"].split())

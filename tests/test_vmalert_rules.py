@@ -12,11 +12,12 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from ports import free_port
-from promrules import PROM_DIR
+from promrules import PROM_DIR, first_step, runbook_sections
 from test_alerts_e2e import _get, _poll, _stop, scale_durations
 
 _missing = [t for t in ("victoria-metrics", "vmalert") if shutil.which(t) is None]
@@ -34,6 +35,8 @@ def test_vmalert_accepts_the_shipped_rules_unchanged() -> None:
     done = subprocess.run(["vmalert", "-dryRun", *rules], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
+
+RUNBOOK_BASE = "https://wiki.example.com/gpu-runbooks"
 
 # (metric, labels) of the counters the increase()-based alerts read; `and rate(...) > 0` guards each of them.
 COUNTER_ALERTS = {
@@ -122,7 +125,8 @@ def test_vmalert_renders_the_summaries_promtool_holds(tmp_path: Path) -> None:
     `label`, printf) word for word as promtool does: the input series of deploy/prometheus/tests/
     gpuwatch-annotations-test.yml, imported into a real victoria-metrics (the last 10 minutes, `for:` scaled down),
     give vmalert's alerts the summaries that file expects. Those that read the time (an XID's age) or a 6 h window
-    are left out."""
+    are left out. With `-external.label=gpuwatch_runbook_base=...` (which vmalert also puts on what its recording
+    rules write: the summaries and the alerts are the same for it), every runbook_url is built from that base."""
     spec = yaml.safe_load((PROM_DIR / "tests" / "gpuwatch-annotations-test.yml").read_text())["tests"][0]
     expected = {
         (case["alertname"], alert["exp_annotations"]["summary"])
@@ -166,17 +170,20 @@ def test_vmalert_renders_the_summaries_promtool_holds(tmp_path: Path) -> None:
                     *("vmalert", *rules, f"-datasource.url={url}", f"-remoteWrite.url={url}"),
                     *("-notifier.url=http://127.0.0.1:1", "-evaluationInterval=2s", "-loggerLevel=ERROR"),
                     f"-httpListenAddr=127.0.0.1:{alert_port}",
+                    f"-external.label=gpuwatch_runbook_base={RUNBOOK_BASE}",  # the operator's (docs/alerting.md)
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
             )
         )
         rendered: set[tuple[str, str]] = set()
+        firing: list[dict[str, Any]] = []
 
         def all_rendered() -> bool:
             alerts = _get(f"{alert_url}/api/v1/alerts")["data"]["alerts"] or []  # null before the first
+            firing[:] = [a for a in alerts if a["state"] == "firing"]
             rendered.clear()
-            rendered.update((a["name"], a["annotations"].get("summary", "")) for a in alerts if a["state"] == "firing")
+            rendered.update((a["name"], a["annotations"].get("summary", "")) for a in firing)
             return rendered >= expected
 
         try:
@@ -184,6 +191,12 @@ def test_vmalert_renders_the_summaries_promtool_holds(tmp_path: Path) -> None:
         except AssertionError:
             raise AssertionError(f"missing: {sorted(expected - rendered)}\nrendered: {sorted(rendered)}") from None
         assert len(expected) >= 10
+        # runbook_url from the external label, as on Prometheus; the description ends with the runbook's first step
+        steps = {name: first_step(section) for name, section in runbook_sections().items()}
+        for alert in firing:
+            annotations = alert["annotations"]
+            assert annotations["runbook_url"] == f"{RUNBOOK_BASE}#{alert['name'].lower()}", alert
+            assert annotations["description"].endswith(f" What to do: {steps[alert['name']]}"), alert
     finally:
         for proc in reversed(procs):
             _stop(proc)

@@ -10,7 +10,7 @@ from gpuwatch.latch import Latch
 from gpuwatch.model import GpuSample
 from gpuwatch.probe.baseline import Baseline
 from gpuwatch.probebook import Telemetry
-from gpuwatch.thresholds import runbook_url, threshold
+from gpuwatch.thresholds import runbook_reference, threshold
 
 log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
 
@@ -84,7 +84,7 @@ class SpeedLog:
                 "probe on GPU %d computes %.0f %% of its own baseline: check its clocks, power and temperature (%s)",
                 index,
                 ratio * 100,
-                runbook_url("GpuUnderperforming"),
+                runbook_reference("GpuUnderperforming"),
                 key=uuid,
             )
         else:
