@@ -2,7 +2,7 @@
 # Install gpuwatch as a hardened systemd service on this node (Debian, Ubuntu, RHEL and derivatives), or remove it.
 #
 #   sudo bash deploy/install.sh                       # from a checkout or an unpacked sdist: installs that tree
-#   curl -fsSL https://raw.githubusercontent.com/<owner>/gpuwatch/main/deploy/install.sh \
+#   curl -fsSL https://raw.githubusercontent.com/gpuwatch/gpuwatch/main/deploy/install.sh \
 #     | sudo bash -s -- --extras nvidia               # alone (piped, or a lone copy): gpuwatch-agent from PyPI
 #   sudo bash deploy/install.sh --uninstall [--purge] # remove it (see below)
 #
@@ -236,6 +236,9 @@ TOML
   sed "s#$DEFAULT_PREFIX/#$prefix/#g" "$(shipped systemd/gpuwatch.service)" >"$UNITS/gpuwatch.service.new"
   chmod 0644 "$UNITS/gpuwatch.service.new"
   mv -f "$UNITS/gpuwatch.service.new" "$UNITS/gpuwatch.service"
+  # An upgrade removes what this node no longer needs (the BMC gone, --no-probe now): the drop-ins match detection.
+  [ "$want_ipmi" = 1 ] || rm -f "$DROPINS/ipmi.conf" "$UDEV_RULE"
+  [ "$want_uvm" = 1 ] || rm -f "$DROPINS/nvidia-uvm.conf" "$UNITS/gpuwatch-nvidia-uvm.service"
   if [ "$want_ipmi" = 1 ]; then
     install -m 0644 "$(shipped systemd/drop-ins/ipmi.conf)" "$DROPINS/ipmi.conf"
     install -d -m 0755 "$(dirname "$UDEV_RULE")"

@@ -25,7 +25,6 @@ from gpuwatch.statedir import state_dir_problem, writable_problem
 from gpuwatch.thresholds import runbook_url
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 
-
 DISTRIBUTION = "gpuwatch-agent"  # what pip installs; PyPI's "gpuwatch" is an unrelated project
 
 

@@ -25,8 +25,9 @@ DISTRIBUTION = "gpuwatch-agent"
 # "-agent" and not part of a path (/opt/gpuwatch, .venv/bin/gpuwatch) or a longer name (gpuwatch_agent):
 _FOREIGN = r"(?<![\w/.-])gpuwatch(?![\w-])"
 FOREIGN_INSTALL = [
-    # pip install gpuwatch, pip install -q --upgrade 'gpuwatch[amd]', pipx install gpuwatch (up to the next && ; |)
-    re.compile(r"\b(?:pip3?|pipx|uv pip|uv tool)\s+install\b[^\n;&|]*?['\"]?" + _FOREIGN),
+    # pip install gpuwatch, pip install -q --upgrade 'gpuwatch[amd]', pipx install gpuwatch: among the words that
+    # follow `install` up to anything a pip argument cannot hold (prose's "(", a shell's ";", "&&", "|", "#")
+    re.compile(r"\b(?:pip3?|pipx|uv pip|uv tool)\s+install(?:\s+[-\w.:/=<>~!\[\],@+'\"]+)*?\s+['\"]?" + _FOREIGN),
     # 'gpuwatch[nvidia]', gpuwatch[probe,amd]: a requirement with extras, wherever it is written
     re.compile(_FOREIGN + r"\[[a-z][a-z0-9,\s-]*\]"),
     # gpuwatch==0.1.0, gpuwatch>=0.1
@@ -85,6 +86,8 @@ def foreign_install_lines(text: str) -> list[str]:
         "pip install gpuwatch",
         'pip install "gpuwatch==0.1.0"',
         "pip3 install -q --upgrade gpuwatch",
+        "$venv/bin/python -m pip install -q --index-url https://pypi.org/simple 'gpuwatch[amd]'",
+        "pipx install gpuwatch",
         "# Build it from deploy/kubernetes/Dockerfile (pip install gpuwatch[nvidia]); pin by digest in production.",
         "On AMD nodes (MI300X and other Instinct GPUs) install `gpuwatch[amd]`: the `amdsmi` package",
         "curl -fsSL .../install.sh | sudo bash -s -- --source 'gpuwatch[nvidia]'   # from PyPI",
@@ -111,6 +114,8 @@ def test_the_check_catches_the_foreign_distribution(line: str) -> None:
         'return "{" + re.sub(r"\\bgpuwatch[:_]", "", expr) + "}"',
         "gpuwatch_source: gpuwatch-agent",
         'importlib.metadata.version("gpuwatch-agent")',
+        "no probe engine installed: pip install 'gpuwatch-agent[probe]' (CuPy) or PyTorch beside gpuwatch",
+        "pip install -e '.[dev]' && gpuwatch demo",
     ],
 )
 def test_the_check_leaves_our_own_names_alone(line: str) -> None:
