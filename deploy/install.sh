@@ -172,8 +172,9 @@ install_node() {
     [ -n "$source_spec" ] || source_spec="$tree"
     say "installing from $source_spec (the tree beside this script unless --source says otherwise)"
   else
-    [ -n "$source_spec" ] || source_spec="$DISTRIBUTION"
-    say "no gpuwatch tree beside this script (piped, or a lone copy): installing $source_spec from PyPI; the unit," \
+    local from="--source"
+    [ -n "$source_spec" ] || { source_spec="$DISTRIBUTION" && from="PyPI"; }
+    say "no gpuwatch tree beside this script (piped, or a lone copy): installing $source_spec from $from; the unit," \
       "drop-ins and example config come from the installed package"
   fi
   [ "$extras_given" = 1 ] || extras="$(detect_extras)"
