@@ -294,7 +294,10 @@ uninstall_node() {
     die "$prefix is not a venv (no pyvenv.cfg): not removing it; check --prefix"
   fi
   if systemd_runs && [ "$dry_run" = 0 ]; then
-    systemctl disable --now gpuwatch.service gpuwatch-nvidia-uvm.service >/dev/null 2>&1 || true
+    local unit
+    for unit in gpuwatch.service gpuwatch-nvidia-uvm.service; do # one at a time: a missing one fails only itself
+      if [ -e "$UNITS/$unit" ]; then systemctl disable --now "$unit" >/dev/null 2>&1 || systemctl stop "$unit" || true; fi
+    done
   fi
   # The enablement links too: systemctl cannot remove them where systemd is not running.
   remove "$UNITS/multi-user.target.wants/gpuwatch.service" "$UNITS/gpuwatch.service.wants"

@@ -57,7 +57,7 @@ def _distribution_note() -> str:
     if installed is None:
         return f"not installed as {DISTRIBUTION}: running from a checkout"
     if installed != __version__:
-        return f"but pip's metadata says {DISTRIBUTION} {installed}: reinstall it"
+        return f"pip's metadata says {DISTRIBUTION} {installed}: reinstall it"
     return DISTRIBUTION
 
 

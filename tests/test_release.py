@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -140,6 +141,26 @@ def test_the_version_shown_is_the_installed_distributions() -> None:
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     assert re.fullmatch(rf"gpuwatch {re.escape(__version__)} \({DISTRIBUTION}, Python [\d.]+\S*\)", first), first
+
+
+def test_version_says_when_pips_record_disagrees(tmp_path: Path) -> None:
+    """A stale record of gpuwatch-agent first on sys.path (an install made before a version bump): `gpuwatch version`
+    says so instead of passing it off as the code that runs."""
+    stale = tmp_path / "gpuwatch_agent-0.0.1.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: gpuwatch-agent\nVersion: 0.0.1\n")
+    assert importlib.metadata.version(DISTRIBUTION) == __version__  # without it: the real record
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # not the checkout, whose gpuwatch_agent.egg-info (an editable install's) would come first
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(f"gpuwatch {__version__} (pip's metadata says {DISTRIBUTION} 0.0.1: reinstall it, "), first
 
 
 def test_build_info_carries_the_version(tmp_path: Path) -> None:
