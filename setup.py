@@ -21,6 +21,8 @@ SHIPPED = (
     "deploy/config.example.toml",
     "docs/runbooks.md",
     "systemd/*.service",
+    "systemd/README.md",  # deploy/install.sh: the units' Documentation= (/opt/gpuwatch/share/doc/gpuwatch/)
+    "README.md",
     "systemd/drop-ins/*.conf",
 )
 

@@ -25,9 +25,11 @@ from gpuwatch.statedir import state_dir_problem, writable_problem
 from gpuwatch.thresholds import runbook_reference
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 
+DISTRIBUTION = "gpuwatch-agent"  # what pip installs; PyPI's "gpuwatch" is an unrelated project
+
 
 def version() -> int:
-    print(f"gpuwatch {__version__} (Python {platform.python_version()})")
+    print(f"gpuwatch {__version__} ({_distribution_note()}, Python {platform.python_version()})")
     for package in ("nvidia-ml-py", "amdsmi", "prometheus-client", "psutil"):
         print(f"  {package}: {_package_version(package) or 'not installed'}")
     try:
@@ -46,6 +48,17 @@ def version() -> int:
     for name, value in amd_versions().items():
         print(f"  {name}: {value}")
     return EXIT_OK
+
+
+def _distribution_note() -> str:
+    """Which distribution this is, and whether pip's record of it agrees with the code that runs: an editable install
+    made before a version bump, or a checkout on sys.path beside another install, would not."""
+    installed = _package_version(DISTRIBUTION)
+    if installed is None:
+        return f"not installed as {DISTRIBUTION}: running from a checkout"
+    if installed != __version__:
+        return f"pip's metadata says {DISTRIBUTION} {installed}: reinstall it"
+    return DISTRIBUTION
 
 
 def _package_version(name: str) -> str | None:

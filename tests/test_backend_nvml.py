@@ -526,7 +526,7 @@ def test_library_failure_while_polling_makes_the_backend_unavailable() -> None:
 
 def test_missing_binding_is_reported_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
-    with pytest.raises(BackendUnavailable, match=r"pip install 'gpuwatch\[nvidia\]'"):
+    with pytest.raises(BackendUnavailable, match=r"pip install 'gpuwatch-agent\[nvidia\]'"):
         load_pynvml()
 
 

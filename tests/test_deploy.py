@@ -1,6 +1,6 @@
 """The fleet deploy files, checked by the tools that consume them: ansible-playbook (syntax, check mode, real template
 rendering), ansible-lint offline, the Kubernetes schemas (kubernetes-validate, offline), promtool, and install.sh
-staged into a temporary root."""
+(its plan in dry runs, and as root a real install, upgrade and uninstall)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import yaml
 from test_systemd_unit import install_root
 
+import gpuwatch
 from gpuwatch.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,26 +225,106 @@ def test_large_fleet_examples_pass_promtool(name: str, flags: list[str], promtoo
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_install_script_stages_a_node_and_is_idempotent(tmp_path: Path) -> None:
-    root = tmp_path / "node"
-    cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable]
-    cmd += ["--source", str(REPO), "--extras", ""]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout + first.stderr
-    config = root / "etc" / "gpuwatch" / "config.toml"
-    assert load_config(config).agent.listen == ":9845"
-    assert (root / "etc" / "systemd" / "system" / "gpuwatch.service").read_text() == (
-        REPO / "systemd" / "gpuwatch.service"
-    ).read_text()
-    version = subprocess.run(
-        [str(root / "opt" / "gpuwatch" / "bin" / "gpuwatch"), "version"], capture_output=True, text=True, timeout=60
-    )
-    assert version.returncode == 0 and "gpuwatch" in version.stdout, version.stderr
+INSTALL_SH = REPO / "deploy" / "install.sh"
+# What install.sh writes on the node itself (--prefix moves only the venv).
+NODE_PATHS = (
+    Path("/etc/gpuwatch"),
+    Path("/etc/systemd/system/gpuwatch.service"),
+    Path("/etc/systemd/system/gpuwatch.service.d"),
+    Path("/etc/systemd/system/gpuwatch-nvidia-uvm.service"),
+    Path("/etc/udev/rules.d/60-gpuwatch-ipmi.rules"),
+    Path("/opt/gpuwatch"),
+    Path("/var/lib/gpuwatch"),
+)
 
-    config.write_text(config.read_text() + "\n[gpus]\nexpected_nvidia = 8\n")  # the operator's edit
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert load_config(config).gpus.expected_nvidia == 8  # kept
+
+def install_sh(
+    *args: str, env: dict[str, str] | None = None, stdin_script: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """deploy/install.sh run as a file (beside its checkout), or piped into `bash -s` as `curl ... | bash` does."""
+    full_env = {**os.environ, **(env or {})}
+    if stdin_script:
+        return subprocess.run(
+            ["bash", "-s", "--", *args],
+            input=INSTALL_SH.read_text(),
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=600,
+            cwd="/",
+        )
+    return subprocess.run(["bash", str(INSTALL_SH), *args], capture_output=True, text=True, env=full_env, timeout=600)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="installs into /etc for real: root only (CI runs as root)")
+def test_install_script_installs_upgrades_and_uninstalls_for_real(tmp_path: Path) -> None:
+    """A real install as root from this checkout (the venv under a temporary --prefix, no user, not started), a second
+    run that keeps the operator's config, --uninstall (twice) and --uninstall --purge."""
+    present = [str(path) for path in NODE_PATHS if path.exists()]
+    if present:
+        pytest.skip(f"gpuwatch is installed on this machine ({', '.join(present)}): not touching it")
+    prefix = tmp_path / "opt" / "gpuwatch"
+    modprobe = tmp_path / "nvidia-modprobe"  # nvidia-uvm's oneshot is installed where nvidia-modprobe exists
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(0o755)
+    fixtures = {"GPUWATCH_NVIDIA_MODPROBE": str(modprobe), "GPUWATCH_IPMI_DEVICE": str(tmp_path / "no-ipmi0")}
+    args = ["--prefix", str(prefix), "--python", sys.executable, "--extras", "", "--no-start", "--no-user"]
+    try:
+        first = install_sh(*args, env=fixtures)
+        assert first.returncode == 0, first.stdout + first.stderr
+        config = Path("/etc/gpuwatch/config.toml")
+        assert load_config(config).agent.listen == ":9845"
+        unit = Path("/etc/systemd/system/gpuwatch.service").read_text()
+        shipped = (REPO / "systemd" / "gpuwatch.service").read_text()
+        assert unit == shipped.replace("/opt/gpuwatch/", f"{prefix}/")
+        assert f"ExecStart={prefix}/bin/gpuwatch run" in unit
+        assert Path("/etc/systemd/system/gpuwatch.service.d/nvidia-uvm.conf").is_file()
+        assert Path("/etc/systemd/system/gpuwatch-nvidia-uvm.service").is_file()
+        assert not Path("/etc/systemd/system/gpuwatch.service.d/ipmi.conf").exists()  # no /dev/ipmi0 here
+        for doc in ("README.md", "systemd.md", "config.example.toml"):
+            assert (prefix / "share" / "doc" / "gpuwatch" / doc).is_file(), doc
+        version = subprocess.run(
+            [str(prefix / "bin" / "gpuwatch"), "version"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        assert version.returncode == 0, version.stderr
+        assert version.stdout.startswith(f"gpuwatch {gpuwatch.__version__} (gpuwatch-agent, "), version.stdout
+        imported = subprocess.run(
+            [str(prefix / "bin" / "python"), "-c", "import gpuwatch; print(gpuwatch.__file__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert imported.stdout.startswith(str(prefix)), imported.stdout  # installed, not this checkout
+
+        config.write_text(config.read_text() + "\n[gpus]\nexpected_nvidia = 8\n")  # the operator's edit
+        second = install_sh(*args, env=fixtures)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert load_config(config).gpus.expected_nvidia == 8  # kept
+
+        for attempt in range(2):  # the second finds nothing to remove, and succeeds
+            removed = install_sh("--uninstall", "--prefix", str(prefix))
+            assert removed.returncode == 0, removed.stdout + removed.stderr
+            assert not prefix.exists() and not Path("/etc/systemd/system/gpuwatch.service").exists()
+            assert not Path("/etc/systemd/system/gpuwatch.service.d").exists()
+            assert not Path("/etc/systemd/system/gpuwatch-nvidia-uvm.service").exists()
+            assert load_config(config).gpus.expected_nvidia == 8  # the config stays without --purge
+            assert "kept /etc/gpuwatch" in removed.stdout
+            assert ("nothing of gpuwatch to remove" in removed.stdout) is (attempt == 1)
+
+        purged = install_sh("--uninstall", "--purge", "--prefix", str(prefix))
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        assert not Path("/etc/gpuwatch").exists()
+    finally:
+        install_sh("--uninstall", "--purge", "--prefix", str(prefix))
+
+
+def test_install_script_refuses_a_prefix_that_is_not_a_venv(tmp_path: Path) -> None:
+    """--uninstall deletes --prefix: never a directory that is not a venv (a typo such as --prefix /opt)."""
+    (tmp_path / "keep.txt").write_text("mine")
+    result = install_sh("--uninstall", "--dry-run", "--prefix", str(tmp_path))
+    assert result.returncode == 1 and "not a venv" in result.stderr, result.stdout + result.stderr
+    assert (tmp_path / "keep.txt").exists()
 
 
 OPEN_580 = (
@@ -265,36 +346,61 @@ PROPRIETARY_550 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tu
 def test_install_script_picks_the_probe_engine(
     tmp_path: Path, driver: str | None, flags: list[str], expected: str
 ) -> None:
-    root = tmp_path / "node"
+    version_file = tmp_path / "version"
     if driver is not None:
-        (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
-        (root / "proc" / "driver" / "nvidia" / "version").write_text(driver)
-    cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable, "--dry-run"]
-    result = subprocess.run(
-        [*cmd, "--source", "gpuwatch", "--extras", "nvidia", *flags], capture_output=True, text=True
+        version_file.write_text(driver)
+    result = install_sh(
+        "--dry-run",
+        "--python",
+        sys.executable,
+        "--source",
+        "gpuwatch-agent",
+        "--extras",
+        "nvidia",
+        *flags,
+        env={"GPUWATCH_NVIDIA_VERSION_FILE": str(version_file)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"would install into /opt/gpuwatch: gpuwatch{expected}\n" in result.stdout
+    assert f"would install into /opt/gpuwatch: gpuwatch-agent{expected}\n" in result.stdout
     if driver is None:
         assert "unknown, assuming CUDA 12" in result.stdout
     if "--no-probe" in flags:
         assert "WARNING: --no-probe" in result.stdout
-    assert not (root / "opt").exists()  # a dry run changes nothing
 
 
-def test_install_script_stages_nvidia_uvm_only_with_the_probe(tmp_path: Path) -> None:
-    for flags, staged in (([], True), (["--no-probe"], False)):
-        root = tmp_path / ("probe" if staged else "no-probe")
-        modprobe = root / "usr" / "bin" / "nvidia-modprobe"
-        modprobe.parent.mkdir(parents=True)
-        modprobe.write_text("#!/bin/sh\n")
-        modprobe.chmod(0o755)
-        cmd = ["bash", str(REPO / "deploy" / "install.sh"), "--root", str(root), "--python", sys.executable]
-        result = subprocess.run([*cmd, "--source", str(REPO), "--extras", "", *flags], capture_output=True, text=True)
+def test_install_script_plans_nvidia_uvm_only_with_the_probe(tmp_path: Path) -> None:
+    """The dry run says what the real run does (the real run is checked above, as root): the nvidia-uvm oneshot where
+    nvidia-modprobe exists, unless --no-probe; the IPMI drop-in and udev rule where the BMC device exists."""
+    modprobe = tmp_path / "nvidia-modprobe"
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(0o755)
+    ipmi = tmp_path / "ipmi0"
+    ipmi.write_text("")
+    env = {"GPUWATCH_NVIDIA_MODPROBE": str(modprobe), "GPUWATCH_IPMI_DEVICE": str(ipmi)}
+    for flags, planned in (([], True), (["--no-probe"], False)):
+        result = install_sh("--dry-run", "--extras", "", *flags, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
-        system = root / "etc" / "systemd" / "system"
-        assert (system / "gpuwatch-nvidia-uvm.service").exists() is staged
-        assert (system / "gpuwatch.service.d" / "nvidia-uvm.conf").exists() is staged
+        assert ("would add the drop-in nvidia-uvm.conf and gpuwatch-nvidia-uvm.service" in result.stdout) is planned
+        assert "would add the drop-in ipmi.conf and /etc/udev/rules.d/60-gpuwatch-ipmi.rules" in result.stdout
+    ipmi.unlink()
+    assert "ipmi.conf" not in install_sh("--dry-run", "--extras", "", env=env).stdout
+
+
+def test_install_script_piped_into_bash_installs_gpuwatch_agent_from_pypi() -> None:
+    """`curl ... | sudo bash -s -- ...`: no script file, no checkout beside it; no unbound variable, and the
+    distribution it would install is ours (PyPI's gpuwatch is another project)."""
+    result = install_sh("--dry-run", "--extras", "amd", "--version", "0.1.0", stdin_script=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no gpuwatch tree beside this script" in result.stdout
+    assert "would install into /opt/gpuwatch: gpuwatch-agent[amd]==0.1.0\n" in result.stdout
+    helped = install_sh("--help", stdin_script=True)
+    assert helped.returncode == 0 and "--uninstall" in helped.stdout, helped.stderr
+
+
+def test_install_script_points_packagers_at_the_debian_package() -> None:
+    """--root staged a venv whose scripts pointed into the staging dir: gone, with what to use instead."""
+    result = install_sh("--root", "/tmp/stage")
+    assert result.returncode == 1 and "scripts/build-deb.sh" in result.stderr and "--prefix" in result.stderr
 
 
 def test_role_ships_the_same_nvidia_uvm_files_as_the_installer() -> None:

@@ -85,7 +85,9 @@ def load_amdsmi(importer: Callable[[], Any] | None = None) -> Any:
             return importer() if importer is not None else importlib.import_module("amdsmi")
     except ModuleNotFoundError as exc:
         if exc.name == "amdsmi":
-            raise BackendUnavailable("the amdsmi Python package is not installed: pip install 'gpuwatch[amd]'") from exc
+            raise BackendUnavailable(
+                "the amdsmi Python package is not installed: pip install 'gpuwatch-agent[amd]'"
+            ) from exc
         raise BackendUnavailable(f"AMD SMI library not found: {exc}") from exc
     except Exception as exc:
         said = " ".join(captured.getvalue().split())

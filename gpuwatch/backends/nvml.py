@@ -60,7 +60,7 @@ def load_pynvml() -> Any:
     try:
         return importlib.import_module("pynvml")
     except ImportError as exc:
-        raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch[nvidia]'") from exc
+        raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch-agent[nvidia]'") from exc
 
 
 class NvmlBackend(NvmlGpmTier):

@@ -72,7 +72,7 @@ def _check_engine(config: Config, engines: list[str]) -> CheckLine:
             "warn",
             "probe engine",
             "none installed; every probe is skipped_unsupported",
-            "pip install 'gpuwatch[probe]' for CuPy, or install PyTorch (docs/probe.md)",
+            "pip install 'gpuwatch-agent[probe]' for CuPy, or install PyTorch (docs/probe.md)",
         )
     if not any(found.values()):  # another launcher's worker (the simulated node's): nothing to look up
         return CheckLine("ok", "probe engine", ", ".join(found))

@@ -98,7 +98,7 @@ def _candidates(choice: str, vendor: str, device: str) -> list[str]:
         candidates = [name for name in order if name in found]
         if not candidates:
             raise NoEngine(
-                "no probe engine installed: install CuPy (pip install 'gpuwatch[probe]') or PyTorch into the "
+                "no probe engine installed: install CuPy (pip install 'gpuwatch-agent[probe]') or PyTorch into the "
                 "agent's Python environment"
             )
         return candidates

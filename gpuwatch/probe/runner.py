@@ -133,7 +133,7 @@ class ProbeRunner:
                 )
                 continue
             if why is None and not self._launcher.engines():
-                why = "no probe engine installed: pip install 'gpuwatch[probe]' (CuPy) or PyTorch beside gpuwatch"
+                why = "no probe engine installed: pip install 'gpuwatch-agent[probe]' (CuPy) or PyTorch beside gpuwatch"
             if why is None and not self._in_host_pid_namespace():
                 why = NOT_HOST_PID_NAMESPACE
             if why is not None:

@@ -27,7 +27,7 @@ def installed_pynvml_path() -> Path:
     """pynvml.py of the installed nvidia-ml-py."""
     spec = importlib.util.find_spec("pynvml")
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("nvidia-ml-py is not installed: pip install 'gpuwatch[nvidia]'")
+        raise ModuleNotFoundError("nvidia-ml-py is not installed: pip install 'gpuwatch-agent[nvidia]'")
     return Path(spec.origin)
 
 
