@@ -150,6 +150,15 @@ gpu = [line for line in text.splitlines() if re.match(r'gpuwatch_gpu_up\{[^}]*gp
 if not gpu:
     sys.exit("check-wheel: no gpuwatch_gpu_up{gpu=\"0\"} 1 for the simulated GPU 0")
 print(f"check-wheel: /metrics: {build[0]}; {gpu[0]}; {len(text.splitlines())} lines")
+# The runbooks every alert links to by default: rendered from the shipped docs/runbooks.md by the installed
+# markdown-it-py, served by the installed agent.
+runbooks = url.rsplit("/", 1)[0] + "/runbooks"
+with urllib.request.urlopen(runbooks, timeout=10) as response:
+    page = response.read().decode()
+for anchor in ('id="gpuoverheating"', 'id="gpuxidcritical"'):
+    if anchor not in page:
+        sys.exit(f"check-wheel: {runbooks} has no {anchor} section")
+print(f"check-wheel: {runbooks}: {len(page)} bytes, with the alerts' sections")
 PY
   cat "$work/demo.log" >&2
   fail "the demo's /metrics is not what it should be (the demo's log is above)"
