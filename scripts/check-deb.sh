@@ -225,8 +225,9 @@ echo "# an operator's pip install" >"$extra"
 with_dpkg_lock dpkg -r gpuwatch >"$work/remove.txt" || { cat "$work/remove.txt"; die "dpkg -r failed"; }
 sed 's/^/    dpkg: /' "$work/remove.txt"
 [ "$(dpkg-query -W -f='${Status}' gpuwatch)" = "deinstall ok config-files" ] || die "after dpkg -r gpuwatch is $(dpkg-query -W -f='${Status}' gpuwatch), not config-files"
+# (The unit's enablement symlink in /etc/systemd/system stays until the purge, as deb-systemd-helper keeps it.)
 for path in /usr/bin/gpuwatch /opt/gpuwatch/bin /lib/systemd/system/gpuwatch.service /usr/share/doc/gpuwatch \
-  /etc/systemd/system/multi-user.target.wants/gpuwatch.service; do
+  /usr/share/gpuwatch /usr/share/man/man1/gpuwatch.1.gz; do
   [ ! -e "$path" ] && [ ! -L "$path" ] || die "$path is still there after dpkg -r"
 done
 leftover="$(find /opt/gpuwatch -type f 2>/dev/null || true)"
