@@ -71,7 +71,6 @@ for path in /opt/gpuwatch /etc/gpuwatch /var/lib/gpuwatch /etc/systemd/system/gp
 done
 user_existed=0
 getent passwd gpuwatch >/dev/null && user_existed=1
-listing >"$work/before.txt"
 ok "nothing of gpuwatch here; the user gpuwatch $([ "$user_existed" = 1 ] && echo exists already || echo does not exist)"
 
 # --- 2. build ----------------------------------------------------------------------------------------------------
@@ -104,6 +103,7 @@ ok "no errors; not overridden: ${summary:-nothing}"
 
 # --- 4. install --------------------------------------------------------------------------------------------------
 step "install: dpkg -i"
+listing >"$work/before.txt"  # after the build and lintian, which may install their own dependencies
 if ! with_dpkg_lock dpkg -i "$deb" >"$work/install.txt"; then
   cat "$work/install.txt"
   echo "check-deb     dpkg -i left dependencies to install: apt-get install -f -y"
