@@ -48,6 +48,7 @@ mkdir "$src"
 if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   # Tracked files and new files git does not ignore, as they are in the working tree (uncommitted edits included);
   # never .venv, build/, dist/ or caches.
+  # shellcheck disable=SC2016  # the inner sh expands "$f", not this one
   (cd "$repo" && git ls-files -z --cached --others --exclude-standard \
     | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh \
     | tar --null -T - -cf - | tar -C "$src" -xf -) || die "copying the tree to $src failed"

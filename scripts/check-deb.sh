@@ -139,9 +139,9 @@ unit=/lib/systemd/system/gpuwatch.service
 [ -f "$unit" ] || die "$unit is missing"
 grep -qx 'ExecStart=/opt/gpuwatch/bin/gpuwatch run --config /etc/gpuwatch/config.toml' "$unit" \
   || die "$unit's ExecStart= is not /opt/gpuwatch/bin/gpuwatch run --config /etc/gpuwatch/config.toml"
-for path in $(grep -oE '(/opt|/usr|/etc|/lib)/[^ ]*' "$unit" | grep -vE '^/etc/gpuwatch/config.toml$' | sort -u); do
+while read -r path; do
   [ -e "$path" ] || die "$unit names $path, which the package did not install"
-done
+done < <(grep -oE '(/opt|/usr|/etc|/lib)/[^ ]*' "$unit" | sort -u)
 [ -L /etc/systemd/system/multi-user.target.wants/gpuwatch.service ] \
   || die "gpuwatch.service is not enabled (no /etc/systemd/system/multi-user.target.wants/gpuwatch.service)"
 [ -f /lib/systemd/system/gpuwatch-nvidia-uvm.service ] || die "gpuwatch-nvidia-uvm.service is missing"
@@ -228,7 +228,7 @@ sed 's/^/    dpkg: /' "$work/remove.txt"
 # (The unit's enablement symlink in /etc/systemd/system stays until the purge, as deb-systemd-helper keeps it.)
 for path in /usr/bin/gpuwatch /opt/gpuwatch/bin /lib/systemd/system/gpuwatch.service /usr/share/doc/gpuwatch \
   /usr/share/gpuwatch /usr/share/man/man1/gpuwatch.1.gz; do
-  [ ! -e "$path" ] && [ ! -L "$path" ] || die "$path is still there after dpkg -r"
+  if [ -e "$path" ] || [ -L "$path" ]; then die "$path is still there after dpkg -r"; fi
 done
 leftover="$(find /opt/gpuwatch -type f 2>/dev/null || true)"
 [ "$leftover" = "$extra" ] \
