@@ -86,6 +86,7 @@ ok "$deb in $((SECONDS - started)) s"
 # --- 3. lintian --------------------------------------------------------------------------------------------------
 step "lintian: no errors (overrides, each with its reason: debian/gpuwatch.lintian-overrides)"
 if ! command -v lintian >/dev/null 2>&1; then
+  echo "check-deb     installing lintian"
   with_dpkg_lock apt-get update -qq >/dev/null
   with_dpkg_lock apt-get install -y -qq --no-install-recommends lintian >/dev/null
 fi
