@@ -33,10 +33,11 @@ IMAGE_UID=65532
 IMAGE_GID=65532
 IMAGE_NAME=gpuwatch
 LAYOUT=dist/gpuwatch-image
-# What the image needs beyond the apt variant (Essential:yes + apt): the interpreter, and python3-venv to make the
-# venv with the rootfs's own Python. python3-venv and what it pulls in (the pip and setuptools wheels, which need
-# ca-certificates and so openssl) are purged once the wheels are in: the agent makes no outgoing TLS connection.
-PACKAGES=python3,python3-venv
+# What the image needs beyond the apt variant (Essential:yes + apt): the interpreter; tzdata, whose /etc/localtime
+# (Etc/UTC) APScheduler's tzlocal reads (without it every start warns); python3-venv to make the venv with the
+# rootfs's own Python. python3-venv and what it pulls in (the pip and setuptools wheels, which need ca-certificates and
+# so openssl) are purged once the wheels are in: the agent makes no outgoing TLS connection.
+PACKAGES=python3,tzdata,python3-venv
 BUILD_ONLY_PACKAGES="python3-venv python3.11-venv python3-pip-whl python3-setuptools-whl ca-certificates openssl"
 
 [[ $EUID -eq 0 ]] || die "run as root: mmdebstrap's root mode and chroot need it (sudo bash scripts/build-image.sh)"
@@ -62,7 +63,7 @@ command -v umoci >/dev/null || missing+=(umoci)
 command -v python3 >/dev/null && python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3 python3-venv)
 if ((${#missing[@]})); then
     say "    apt-get install ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } ||
         die "could not install ${missing[*]} with apt-get"
 fi
 python3 -m venv "$WORK/hostenv" || die "python3 -m venv failed on this host"
@@ -87,6 +88,7 @@ say "    $WHEEL"
 say "3/7 Debian $SUITE root filesystem (mmdebstrap, variant apt, + ${PACKAGES//,/ })"
 # The host's Debian sources for this suite (and its -updates and -security), as apt itself resolved them.
 sources() {
+    # shellcheck disable=SC2016  # apt's own $(FIELD) placeholders
     apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Identifier: Packages' 'Origin: Debian' \
         2>/dev/null | awk -v s="$SUITE" '$2 ~ "^(" s "|" s "-updates|" s "-security)$"' | sort -u |
         awk '{uri_suite[$1 " " $2] = uri_suite[$1 " " $2] " " $3} END {for (k in uri_suite) print "deb " k uri_suite[k]}' |
@@ -103,6 +105,7 @@ if ((${#mirrors[@]} == 0)); then
     say "    this host's apt has no Debian $SUITE sources: using deb.debian.org"
 fi
 for m in "${mirrors[@]}"; do say "    $m"; done
+# shellcheck disable=SC2016  # the hook's $1 is mmdebstrap's: the rootfs
 mmdebstrap --mode=root --variant=apt --format=directory --include="$PACKAGES" \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \

@@ -49,7 +49,7 @@ say "    built in $(($(date +%s) - started)) s"
 
 say "2/7 tools: umoci, $RUNTIME"
 if ! command -v umoci >/dev/null || { [[ $RUNTIME == runc ]] && ! command -v runc >/dev/null; }; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq umoci runc >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq umoci runc >/dev/null; } ||
         die "could not install umoci and runc with apt-get"
 fi
 
@@ -226,4 +226,5 @@ wait "$AGENT_PID" || status=$?
 AGENT_PID=
 ((status == 0)) || die "the agent exited $status after SIGTERM (want 0): $(tail -20 "$WORK/run.log")"
 say "    SIGTERM: the agent stopped with exit 0"
+! grep -E "Traceback|Warning|WARNING|ERROR" "$WORK/run.log" || die "the agent logged the warnings or errors above"
 say "ok: gpuwatch:$VERSION runs as $IMAGE_USER ($ARCHIVE, $(du -m "$ARCHIVE" | cut -f1) MiB)"
