@@ -172,10 +172,13 @@ umoci new --image "$LAYOUT:$VERSION"
 umoci insert --image "$LAYOUT:$VERSION" --history.created "$CREATED" \
     --history.created_by "scripts/build-image.sh: mmdebstrap $SUITE ($PACKAGES), gpuwatch-agent $VERSION in /opt/gpuwatch" \
     "$ROOTFS" /
-# The source label names where this checkout came from (its origin remote), or GPUWATCH_IMAGE_SOURCE; none otherwise.
+# The source label: GPUWATCH_IMAGE_SOURCE, else this checkout's origin remote when that is an https URL; none otherwise
+# (the project names no canonical URL of its own).
 source_url=${GPUWATCH_IMAGE_SOURCE:-$(git remote get-url origin 2>/dev/null || true)}
 source_label=()
-[[ -n $source_url ]] && source_label=(--config.label "org.opencontainers.image.source=$source_url")
+if [[ $source_url == https://* ]]; then
+    source_label=(--config.label "org.opencontainers.image.source=$source_url")
+fi
 # A numeric user: kubelet can only enforce runAsNonRoot against a numeric image user.
 umoci config --image "$LAYOUT:$VERSION" --created "$CREATED" --history.created "$CREATED" \
     --history.created_by "scripts/build-image.sh: config" --architecture "$(dpkg --print-architecture)" --os linux \
