@@ -56,7 +56,7 @@ fi
 say "3/7 image config ($LAYOUT:$VERSION) and archive"
 # The image's own config, read from the layout; also checks the archive holds what ctr, podman, docker and skopeo
 # read (oci-layout, index.json with the two names, manifest.json, every blob).
-eval "$(python3 - "$LAYOUT" "$ARCHIVE" "$VERSION" <<'EOF'
+image_vars=$(python3 - "$LAYOUT" "$ARCHIVE" "$VERSION" <<'EOF'
 import json, pathlib, shlex, sys, tarfile
 
 layout, archive, version = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -97,7 +97,8 @@ print(f"ENTRYPOINT={shlex.quote(json.dumps(config.get('Entrypoint') or []))}")
 print(f"CMD={shlex.quote(json.dumps(config.get('Cmd') or []))}")
 print(f"LAYER_MIB={size / 2**20:.1f}")
 EOF
-)" || die "the image's config or archive is wrong (above)"
+) || die "the image's config or archive is wrong (above)"
+eval "$image_vars"
 say "    user $IMAGE_USER (non-root), entrypoint $ENTRYPOINT, cmd $CMD"
 say "    size: archive $(du -m "$ARCHIVE" | cut -f1) MiB, compressed layer $LAYER_MIB MiB"
 
@@ -105,7 +106,7 @@ say "4/7 unpack: umoci unpack --image $LAYOUT:$VERSION"
 umoci unpack --image "$LAYOUT:$VERSION" "$BUNDLE" >/dev/null || die "umoci unpack failed"
 say "    root filesystem $(du -sm --apparent-size "$BUNDLE/rootfs" | cut -f1) MiB"
 # The runtime's view of the image, from the bundle's config.json: the user, the process, env and cwd.
-eval "$(python3 - "$BUNDLE/config.json" "$ENTRYPOINT" "$CMD" <<'EOF'
+bundle_vars=$(python3 - "$BUNDLE/config.json" "$ENTRYPOINT" "$CMD" <<'EOF'
 import json, shlex, sys
 
 spec = json.load(open(sys.argv[1]))
@@ -120,7 +121,8 @@ print(f"RUN_CWD={shlex.quote(process.get('cwd', '/'))}")
 print("RUN_ENV=(" + " ".join(shlex.quote(e) for e in process.get("env", [])) + ")")
 print("RUN_ENTRYPOINT=(" + " ".join(shlex.quote(a) for a in entrypoint) + ")")
 EOF
-)" || die "the bundle's config.json is not the image's (above)"
+) || die "the bundle's config.json is not the image's (above)"
+eval "$bundle_vars"
 say "    config.json: uid $RUN_UID gid $RUN_GID, cwd $RUN_CWD, args ${RUN_ENTRYPOINT[*]} + image cmd, ${#RUN_ENV[@]} env vars"
 
 # The state dir, as the DaemonSet's hostPath: made outside, owned by the image's user.
