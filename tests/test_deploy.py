@@ -18,6 +18,7 @@ import yaml
 from test_systemd_unit import install_root
 
 import gpuwatch
+from gpuwatch import __version__
 from gpuwatch.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -216,6 +217,34 @@ def test_kubernetes_pieces_fit_together(tmp_path: Path) -> None:
     assert "probe" in loaded.agent.disable_collectors and loaded.xid.kernel_log == ""
     kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
     assert all((KUBE / name).exists() for name in kustomization["resources"])
+
+
+def build_image_setting(name: str) -> str:
+    """A NAME=value line of scripts/build-image.sh: what the image it builds is called and whom it runs as."""
+    match = re.search(rf"^{name}=(\S+)$", (REPO / "scripts" / "build-image.sh").read_text(), re.MULTILINE)
+    assert match, f"scripts/build-image.sh sets no {name}"
+    return match.group(1)
+
+
+def test_kubernetes_runs_the_image_this_project_builds() -> None:
+    """The DaemonSet names the image scripts/build-image.sh tags (so `ctr -n k8s.io images import` of its archive is
+    all a node needs: no pull), at this version, and runs it as the image's own user."""
+    name, uid, gid = (build_image_setting(key) for key in ("IMAGE_NAME", "IMAGE_UID", "IMAGE_GID"))
+    pod = next(doc for file, doc in kube_documents() if file == "daemonset.yaml")["spec"]["template"]["spec"]  # type: ignore[index]
+    containers = pod["containers"] + pod["initContainers"]
+    assert {(c["image"], c["imagePullPolicy"]) for c in containers} == {(f"{name}:{__version__}", "IfNotPresent")}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (str(pod["securityContext"]["runAsUser"]), str(pod["securityContext"]["runAsGroup"])) == (uid, gid)
+    (init,) = pod["initContainers"]
+    assert f"chown {uid}:{gid} /var/lib/gpuwatch" in init["command"][-1]
+    # The build and load instructions in the comments name this version's archive and image too.
+    for file in ("daemonset.yaml", "kustomization.yaml"):
+        text = (KUBE / file).read_text()
+        named = set(re.findall(r"gpuwatch-image-([\w.+-]+?)\.tar", text)) | set(
+            re.findall(r"gpuwatch:([\w.+-]+)", text)
+        )
+        assert named == {__version__}, f"{file} names versions {named}, not {__version__}"
+    assert not (KUBE / "Dockerfile").exists()  # one way to build the image: scripts/build-image.sh
 
 
 @pytest.mark.parametrize(("name", "flags"), [("agent-remote-write.yml", ["--agent"]), ("federation.yml", [])])
