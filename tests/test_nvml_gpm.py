@@ -177,3 +177,17 @@ def test_a_reused_request_reads_what_the_bindings_structures_say(release: Path) 
         }
         assert request.answers() == through_pynvml
         assert set(through_pynvml) == {SM_UTIL, ANY_TENSOR, HMMA, PCIE_RX_PER_SEC} and through_pynvml[SM_UTIL] > 50
+
+
+def test_samples_closer_than_the_refresh_hold_the_same_counters(release: Path) -> None:
+    """nvml.h (go-nvml gen/nvml/nvml.h, NVML 13.3, lines 13861 and 13911): "The interval between two
+    nvmlGpmSampleGet() calls should be greater than 100ms due to the internal sample refresh rate". Two samples 50 ms
+    apart copy the same refresh, so they measure no interval and no share; 150 ms apart they do."""
+    clock = _Clock()
+    lib = simulated_pynvml(SimulatedNode("training", gpus=1, clock=clock, wall_clock=lambda: 1.8e9), binding=release)
+    lib.nvmlInit()
+    too_soon = _metrics(lib, *_two_samples(lib, clock, 0, seconds=0.05), [SM_UTIL])
+    assert too_soon[SM_UTIL][0] == lib.NVML_ERROR_INVALID_ARGUMENT
+    clock.t += 1.0
+    apart = _metrics(lib, *_two_samples(lib, clock, 0, seconds=0.15), [SM_UTIL])
+    assert apart[SM_UTIL][0] == lib.NVML_SUCCESS and 88.0 < apart[SM_UTIL][1] <= 100.0

@@ -238,3 +238,22 @@ def test_a_gpu_that_refuses_samples_is_not_asked_again(code: int) -> None:
     assert samples[0].sm_active_ratio is not None and samples[1].sm_active_ratio is None
     assert able == 1 and [index for index, _ in missing] == [1]
     assert ("NVreg_RestrictProfilingToAdminUsers" in missing[0][1]) == (code == 4)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_polls_faster_than_nvmls_sample_floor_keep_the_last_interval(release: str) -> None:
+    """The poll interval may be 0.05 s, but two nvmlGpmSampleGet calls must be more than 100 ms apart ("due to the
+    internal sample refresh rate": nvml.h of NVML 13.3, go-nvml gen/nvml/nvml.h 13861 and 13911). A poll sooner than
+    that after the last sample takes none and keeps the last interval's share; the one after measures the whole
+    time since that sample, so the seconds counter still sums share x time with nothing lost."""
+    with nvml(release, "training", gpus=1, driver_version="595.45.04") as (backend, _, _, clock):
+        measured = polls(backend, clock, 2)[0]
+        assert measured.sm_active_ratio is not None
+        for _ in range(6):  # 0.05 s apart: a sample every other poll at most
+            clock.t += 0.05
+            sample = polls(backend, clock, 1)[0]
+            assert sample.sm_active_ratio is not None and 0.88 < sample.sm_active_ratio < 0.99
+            assert sample.sm_cycles_total is not None  # the since-reboot counters were never given up
+        state = backend._gpm_states()[0]
+    assert state.cumulative is True
+    assert sample.active_seconds_total["sm"] > measured.active_seconds_total["sm"]

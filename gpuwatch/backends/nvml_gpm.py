@@ -66,6 +66,10 @@ _GIVE_UP: dict[int | None, str] = {
     "agent as root, or load nvidia with NVreg_RestrictProfilingToAdminUsers=0",  # NVML_ERROR_NO_PERMISSION
 }
 _NVLINK_GPM_LINKS = 18  # NVML_GPM_METRIC_NVLINK_L0..L17_*_PER_SEC
+# "The interval between two nvmlGpmSampleGet() calls should be greater than 100ms due to the internal sample refresh
+# rate" (nvml.h of NVML 13.3, go-nvml gen/nvml/nvml.h 13861 and 13911): a poll sooner than this after the last
+# sample takes none, and keeps the last interval's readings.
+SAMPLE_FLOOR_SECONDS = 0.1
 _KEPT_REQUESTS = 8  # metric-id sets whose request structure is kept
 
 
@@ -106,6 +110,7 @@ class _GpmState:
     reason: str = ""  # why there is no real utilization, while there is none
     samples: list[Any] = field(default_factory=list)  # [previous, spare] once allocated
     previous_at: float | None = None  # when samples[0] was taken
+    shares: dict[str, float] = field(default_factory=dict)  # the last measured interval's, kept below the floor
     cumulative: bool | None = None  # the since-reboot counters answer (None: not asked yet)
     seconds: dict[str, float] = field(default_factory=dict)  # sm, tensor
     cycles: dict[str, float] = field(default_factory=dict)  # elapsed and active by pipe: the device's, as read
@@ -151,6 +156,9 @@ class NvmlGpmTier(NvmlSlowTier):
         if not state.supported:
             return
         now = self._clock()
+        if state.previous_at is not None and now - state.previous_at <= SAMPLE_FLOOR_SECONDS:
+            self._keep_last_interval(state, sample)  # too soon for a new sample: NVML's counters have not refreshed
+            return
         previous, current = state.samples
         try:
             self._invoke(gpu, "nvmlGpmSampleGet", (current,), {})
@@ -159,13 +167,21 @@ class NvmlGpmTier(NvmlSlowTier):
                 self._free_gpm(gpu)
                 self._gpm_states()[gpu.nvml_index] = _GpmState(self._driver, reason=f"{exc}: {_GIVE_UP[exc.code]}")
             return  # anything else: the next poll tries again, measuring from the last sample taken
-        if state.previous_at is not None and now > state.previous_at:
-            self._gpm_metrics(gpu, state, previous, current, now - state.previous_at, sample)
-            state.samples = [current, previous]
-            state.previous_at = now
-        elif state.previous_at is None:
-            state.samples, state.previous_at = [current, previous], now
-        # The counters keep their last totals on a poll that measured no interval (two polls at one clock reading).
+        if state.previous_at is not None:
+            self._gpm_metrics(gpu, state, previous, current, now - state.previous_at)
+        state.samples, state.previous_at = [current, previous], now
+        self._keep_last_interval(state, sample)
+
+    @staticmethod
+    def _keep_last_interval(state: _GpmState, sample: GpuSample) -> None:
+        """The last measured interval's shares and the totals so far, into a sample that measured none (or one that
+        just did): the series hold steady between samples instead of vanishing."""
+        shares = state.shares
+        sample.sm_active_ratio = shares.get("sm_active")
+        sample.sm_occupancy_ratio = shares.get("sm_occupancy")
+        sample.tensor_active_ratio = shares.get("tensor_active")
+        sample.dram_active_ratio = shares.get("dram_active")
+        sample.pipe_active_ratio = {pipe: shares[pipe] for pipe in PIPES if pipe in shares}
         sample.active_seconds_total = dict(state.seconds)
         sample.sm_cycles_total = state.cycles.get("elapsed")
         sample.active_cycles_total = {pipe: v for pipe, v in state.cycles.items() if pipe != "elapsed"}
@@ -206,10 +222,10 @@ class NvmlGpmTier(NvmlSlowTier):
         state.supported = True
         return state
 
-    def _gpm_metrics(
-        self, gpu: _Gpu, state: _GpmState, first: Any, second: Any, seconds: float, sample: GpuSample
-    ) -> None:
-        """One nvmlGpmMetricsGet over the poll interval; its shares, rates and counters into the sample."""
+    def _gpm_metrics(self, gpu: _Gpu, state: _GpmState, first: Any, second: Any, seconds: float) -> None:
+        """One nvmlGpmMetricsGet over the interval between two samples; its shares, rates and counters into the
+        GPU's state (no shares when it was refused: a refused interval is not the last one's)."""
+        state.shares = {}
         links = tuple(link for link in gpu.nvlinks if link < _NVLINK_GPM_LINKS)
         room = int(getattr(self._lib, "NVML_GPM_METRIC_MAX", 98))  # the binding's metrics[] array
         plan = _plan(links, state.cumulative is not False, room)
@@ -221,12 +237,8 @@ class NvmlGpmTier(NvmlSlowTier):
         if answers is None:
             return
         shares = {name: min(1.0, max(0.0, answers[i] / 100)) for i, name in _SHARES.items() if i in answers}
-        sample.sm_active_ratio = shares.get("sm_active")
-        sample.sm_occupancy_ratio = shares.get("sm_occupancy")
-        sample.tensor_active_ratio = shares.get("tensor_active")
-        sample.dram_active_ratio = shares.get("dram_active")
-        sample.pipe_active_ratio = {pipe: shares[pipe] for pipe in PIPES if pipe in shares}
-        for key, share in (("sm", sample.sm_active_ratio), ("tensor", sample.tensor_active_ratio)):
+        state.shares = shares
+        for key, share in (("sm", shares.get("sm_active")), ("tensor", shares.get("tensor_active"))):
             if share is not None:
                 state.seconds[key] = state.seconds.get(key, 0.0) + share * seconds
         self._gpm_counters(state, answers, plan.counters, plan.rates, seconds)

@@ -29,6 +29,10 @@ GPM_PROTOTYPES: dict[str, tuple[tuple[Any, ...], str]] = {}
 _LINKS = 18  # NVLink links a GPM sample has room for (NVML_GPM_METRIC_NVLINK_L0..L17_*_PER_SEC)
 _MAGIC = 0x47504D53414D504C  # "GPMSAMPL": a sample this library allocated
 _MIB = float(1 << 20)
+# "The interval between two nvmlGpmSampleGet() calls should be greater than 100ms due to the internal sample refresh
+# rate" (nvml.h of NVML 13.3, go-nvml gen/nvml/nvml.h 13861 and 13911): the counters a sample copies are refreshed
+# this often, so two samples closer than this may hold the same counters.
+_REFRESH_SECONDS = 0.1
 # The first driver whose NVML has the counters since reboot (NVML 13.2, CUDA 13.2's R595 driver; absent from
 # 13.1.115's nvml.h, present in 13.2.82's: go-nvml commits 2a1f6c3 and 2976179).
 CUMULATIVE_SINCE_DRIVER = 595
@@ -190,6 +194,15 @@ class GpmFunctions:
         sample = self._gpm_samples.get(address or 0)
         if sample is None:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+        refreshes: dict[int, _GpmSample] = self.__dict__.setdefault("_gpm_refreshes", {})
+        counters = refreshes.get(index)
+        if counters is None or self.node.elapsed() - counters.elapsed >= _REFRESH_SECONDS:
+            counters = refreshes[index] = _GpmSample(magic=_MAGIC, gpu=-1)
+            self._refresh(index, counters)
+        ctypes.pointer(sample)[0] = counters  # a copy of the counters as last refreshed
+
+    def _refresh(self, index: int, sample: _GpmSample) -> None:
+        """The GPU's counters now, as its internal refresh reads them every _REFRESH_SECONDS."""
         spec, state = self.node.spec(index), self.node.state(index)
         plan = self.node.plan(index)
         hz = spec.clock_max_mhz["sm"] * 1e6
