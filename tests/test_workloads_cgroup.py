@@ -96,3 +96,17 @@ def test_a_path_from_another_cgroup_namespace_keeps_its_workload() -> None:
     assert workload_of_path("/../../system.slice/docker-" + "e" * 64 + ".scope") == Workload(
         "container", "docker://" + "e" * 64
     )
+
+
+def test_a_cgroupfs_pod_seen_from_a_private_cgroup_namespace_is_still_a_pod() -> None:
+    """An agent pod with hostPID but its own cgroup namespace (Kubernetes' default on cgroup v2) reads another pod of
+    the cgroupfs driver as ``/../../../burstable/pod<UID>/<id>``: the path climbs out of the agent's own container
+    (kubepods/burstable/pod<agent>/<agent id>) to kubepods, which it no longer names (kernel
+    Documentation/admin-guide/cgroup-v2.rst, "Namespace": paths outside the namespace root are shown relative to
+    it). kubelet's cgroupfs names (pkg/kubelet/cm/cgroup_manager_linux.go) under kubepods still identify the pod;
+    a guaranteed pod sits right under kubepods."""
+    uid = "6f1c5d52-0a9e-4b34-9a51-2f3c1d1e0b7a"
+    assert workload_of_path(f"/../../../burstable/pod{uid}/" + "c" * 64) == Workload("k8s_pod", uid)
+    assert workload_of_path(f"/../../pod{uid}/" + "c" * 64) == Workload("k8s_pod", uid)
+    # Not climbed out, not under kubepods: a directory that merely looks like a pod is no pod.
+    assert workload_of_path(f"/machine.slice/pod{uid}") is None

@@ -71,12 +71,16 @@ def cgroup_paths(text: str) -> list[str]:
 def workload_of_path(path: str) -> Workload | None:
     """The most specific workload one cgroup path names, None when it names none (a login session, the root)."""
     parts = [p for p in path.split("/") if p and p != ".."]
+    # Read from inside a cgroup namespace, a process outside it shows as "/../.." relative to the reader's root
+    # (cgroup-v2.rst, "Namespace"): the ancestors climbed over, kubelet's cgroupfs `kubepods` among them, are hidden.
+    climbed = path.startswith("/../") or path == "/.."
     found: dict[WorkloadKind, str] = {}
     for i, part in enumerate(parts):
         before = parts[i - 1] if i else ""
         if "slurm_job" not in found and (job := _slurm_job(before, part)) is not None:
             found["slurm_job"] = job
-        if match := _POD_SYSTEMD.match(part) or (_POD_CGROUPFS.match(part) if "kubepods" in parts[:i] else None):
+        under_kubepods = climbed or "kubepods" in parts[:i]
+        if match := _POD_SYSTEMD.match(part) or (_POD_CGROUPFS.match(part) if under_kubepods else None):
             found.setdefault("k8s_pod", match.group(1).replace("_", "-"))
         if match := _SCOPE.match(part):
             found["container"] = f"{_RUNTIME[match.group(1)]}://{match.group(2)}"
