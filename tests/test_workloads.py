@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from simnode import SimAgent
 
 from gpuwatch.config import ConfigError, load_config
 from gpuwatch.model import GpuSample, GpuWorkload
+from gpuwatch.simulated.procfs import stat_line
 from gpuwatch.workloads.cgroup import Workload
 from gpuwatch.workloads.collector import HIDDEN, NOT_HOST_PIDS, attribute
 from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
@@ -26,9 +28,10 @@ FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
 UNKNOWN_UID = 3_999_999  # no passwd entry on any sane test machine
 
 
-def _proc(root: Path, pid: int, cgroup: str, uid: int, comm: str = "python3") -> None:
+def _proc(root: Path, pid: int, cgroup: str, uid: int, comm: str = "python3", started_ticks: int = 1000) -> None:
     entry = root / str(pid)
     entry.mkdir(parents=True)
+    (entry / "stat").write_text(stat_line(pid, comm, started_ticks))
     (entry / "cgroup").write_text((FIXTURES / cgroup).read_text() if cgroup.endswith(".cgroup") else cgroup)
     (entry / "comm").write_text(comm + "\n")
     (entry / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\n")
@@ -381,3 +384,46 @@ def test_check_says_when_workloads_would_be_unknown(tmp_path: Path) -> None:
     assert [line.level for line in lines["none"]] == ["warn"] and "procfs_root" in lines["none"][0].fix
     assert [line.level for line in lines["own"]] == ["warn"] and "hostPID" in lines["own"][0].fix
     assert [line.level for line in lines["ancestor"]] == ["ok"]
+
+
+def test_a_pid_reused_after_the_vendor_listed_it_is_not_the_gpus_process(tmp_path: Path) -> None:
+    """The driver lists PIDs; by the time /proc is read the process may have exited and the kernel given its PID to
+    another. /proc/PID/stat's 22nd field is the start time in clock ticks after boot and /proc/stat's btime the boot
+    in unix seconds (proc(5)): a process that started after the listing is not the one listed."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    (tmp_path / "stat").write_text("cpu  1 2 3 4\nbtime 1800000000\nprocesses 9\n")
+    _proc(tmp_path, 101, "slurm-v2.cgroup", 0, comm="weird (name) x", started_ticks=100 * ticks)  # 100 s after boot
+    procfs = Procfs(tmp_path, host_pids=True)
+    assert procfs.boot_time() == 1_800_000_000.0
+    listed_after_start = 1_800_000_000.0 + 150
+    listed_before_start = 1_800_000_000.0 + 50
+    assert procfs.owner(101, listed_at=listed_after_start, boot_time=procfs.boot_time()) == ProcessOwner(
+        Workload("slurm_job", "4242"), "root"
+    )
+    assert procfs.owner(101, listed_at=listed_before_start, boot_time=procfs.boot_time()) == "missing"
+    (workload,) = attribute(_sample({101: 1}), lambda p: procfs.owner(p, None, 1_800_000_150.0, 1_800_000_000.0), 8)
+    assert workload.kind == "slurm_job"
+
+
+def test_a_real_process_started_after_the_listing_is_left_out() -> None:
+    """The same against the real /proc: a child started after the moment the 'vendor' listed its PID is refused,
+    and accepted for a listing after its start."""
+    procfs = Procfs(Path("/proc"))
+    boot = procfs.boot_time()
+    assert boot is not None
+    before = time.time() - 2.0  # btime is whole seconds: the check allows one, so list clearly before the start
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.2)
+        assert procfs.owner(child.pid, listed_at=before, boot_time=boot) == "missing"
+        owner = procfs.owner(child.pid, listed_at=time.time(), boot_time=boot)
+        assert isinstance(owner, ProcessOwner)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_stat_that_is_not_a_process_s_is_distrusted(tmp_path: Path) -> None:
+    _proc(tmp_path, 7, "slurm-v2.cgroup", 0)
+    (tmp_path / "7" / "stat").write_text("garbage without the command's parentheses\n")
+    assert Procfs(tmp_path, host_pids=True).owner(7) == "missing"

@@ -7,11 +7,15 @@ proc(5)); gpuwatch/workloads/procfs.py reads them as it reads /proc.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import weakref
 from pathlib import Path
 
 from gpuwatch.simulated.scenarios import SimulatedNode, process_pid
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # what the kernel counts /proc/PID/stat's times in (USER_HZ)
+_UPTIME_AT_START_S = 3600
 
 # GPU index (mod the table's length) -> (cgroup file, uid, comm)
 _WORKLOADS: tuple[tuple[str, int, str], ...] = (
@@ -45,6 +49,14 @@ _WORKLOADS: tuple[tuple[str, int, str], ...] = (
 )
 
 
+def stat_line(pid: int, comm: str, started_ticks: int) -> str:
+    """/proc/PID/stat as fs/proc/array.c (do_task_stat) prints it: 52 fields, the 22nd the start time in clock ticks
+    after boot; the rest are a running process's plausible values."""
+    fields = ["R", "1", str(pid), str(pid), "0", "-1", "4194560", *["0"] * 8, "20", "0", "1", "0", str(started_ticks)]
+    fields += ["0"] * (52 - 2 - len(fields))
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
 class SimulatedProcfs:
     """A temporary procfs root with an entry for every GPU's compute process; removed with this object."""
 
@@ -53,9 +65,14 @@ class SimulatedProcfs:
         weakref.finalize(self, self._dir.cleanup)
         self.root = Path(self._dir.name)
         self._write_self()
+        # The node booted an hour before it started, and its jobs a minute before that: every process the driver
+        # lists started before the listing, as a real GPU process did.
+        boot = int(node.wall_time(0.0)) - _UPTIME_AT_START_S
+        (self.root / "stat").write_text(f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {boot}\nprocesses 1\n")
+        started_ticks = (_UPTIME_AT_START_S - 60) * CLOCK_TICKS
         for index in range(node.gpu_count):
             cgroup, uid, comm = _WORKLOADS[index % len(_WORKLOADS)]
-            self._write_process(process_pid(node.seed, index), cgroup, uid, comm)
+            self._write_process(process_pid(node.seed, index), cgroup, uid, comm, started_ticks)
 
     def _write_self(self) -> None:
         """The reader's own entry, as in the host's PID namespace: one NSpid, /proc without hidepid."""
@@ -64,9 +81,10 @@ class SimulatedProcfs:
         (own / "status").write_text("Name:\tgpuwatch\nUid:\t0\t0\t0\t0\nNSpid:\t1\n")
         (own / "mountinfo").write_text(f"22 1 0:21 / {self.root} rw,nosuid,nodev,noexec shared:12 - proc proc rw\n")
 
-    def _write_process(self, pid: int, cgroup: str, uid: int, comm: str) -> None:
+    def _write_process(self, pid: int, cgroup: str, uid: int, comm: str, started_ticks: int) -> None:
         entry = self.root / str(pid)
         entry.mkdir()
+        (entry / "stat").write_text(stat_line(pid, comm, started_ticks))
         (entry / "cgroup").write_text(cgroup)
         (entry / "comm").write_text(comm + "\n")
         (entry / "status").write_text(

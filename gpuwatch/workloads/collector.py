@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from gpuwatch.collector import CheckLine, CollectorContext, Every
@@ -81,6 +82,7 @@ class WorkloadsCollector:
         self._checked: Path | None = None  # the procfs root whose namespace and hidepid were looked at
         self._host_pids = False
         self._hidepid: str | bool | None = False  # False: not looked up yet
+        self._boot_time: float | None = None  # the host's, for telling a reused PID from the GPU's process
         self._said = Latch(log)  # each problem said once: it holds until the agent's mounts change
         self._users = UserNames(clock=context.monotonic)
 
@@ -97,6 +99,7 @@ class WorkloadsCollector:
         if self._checked != procfs.root:  # the first run, or a reload that moved workloads.procfs_root
             self._checked, self._hidepid = procfs.root, False
             self._host_pids = procfs.pids_are_host()
+            self._boot_time = procfs.boot_time()
             if not self._host_pids:
                 self._say_once(
                     "pid_namespace",
@@ -111,14 +114,15 @@ class WorkloadsCollector:
         for uuid in snap.samples:
             sample = snap.fresh(uuid)
             if sample is not None and sample.process_pids:
-                found[uuid] = attribute(sample, lambda pid: self._owner(procfs, pid), max_per_gpu)
+                owner = partial(self._owner, procfs, listed_at=sample.timestamp)
+                found[uuid] = attribute(sample, owner, max_per_gpu)
         self._context.store.set_workloads(found)
         return True
 
-    def _owner(self, procfs: Procfs, pid: int) -> ProcessOwner | Workload | None:
+    def _owner(self, procfs: Procfs, pid: int, *, listed_at: float) -> ProcessOwner | Workload | None:
         if not self._host_pids:
             return NOT_HOST_PIDS
-        owner: ProcessOwner | Unreadable = procfs.owner(pid, self._users)
+        owner: ProcessOwner | Unreadable = procfs.owner(pid, self._users, listed_at, self._boot_time)
         if owner == "missing":
             if self._hidepid is False:
                 self._hidepid = procfs.hides_others()

@@ -9,7 +9,9 @@ Three reasons a PID cannot be read, told apart because they mean different thing
   namespace (a container without the host's) maps to other processes or none: every process is ``unknown``;
 - hidden: /proc mounted with ``hidepid=`` (systemd's ProtectProc=invisible or noaccess is one) hides or locks other
   users' processes: ``unknown``, never a guess;
-- gone: the process exited between the vendor's read and this one (ENOENT without hidepid): left out.
+- gone: the process exited between the vendor's read and this one (ENOENT without hidepid): left out. So is a
+  PID the kernel gave to a new process since: its start time (/proc/PID/stat) is after the vendor listed it, or
+  changed while its files were read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from gpuwatch.workloads.cgroup import Workload, workload_of_cgroup
 
 PROC_PID_INIT_INO = 0xEFFFFFFC  # include/linux/proc_ns.h: the inode of the initial (host) PID namespace
 MAX_FILE_BYTES = 64 * 1024  # a cgroup file is a line per hierarchy; status is ~1.5 KiB
+_STARTTIME_FIELD = 22  # proc(5), /proc/pid/stat: "(22) starttime %llu", clock ticks after boot
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Unreadable = Literal["missing", "hidden"]  # missing: gone, or hidden by hidepid=invisible (hides_others tells)
 
@@ -98,17 +102,45 @@ class Procfs:
             return option
         return None
 
-    def owner(self, pid: int, users: Callable[[int | None], str] | None = None) -> ProcessOwner | Unreadable:
+    def boot_time(self) -> float | None:
+        """The unix time the host booted (``btime`` of <root>/stat, proc(5)), None where it cannot be read."""
+        try:
+            text = _read(self.root / "stat")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "btime" and value.strip().isdigit():
+                return float(value)
+        return None
+
+    def owner(
+        self,
+        pid: int,
+        users: Callable[[int | None], str] | None = None,
+        listed_at: float | None = None,
+        boot_time: float | None = None,
+    ) -> ProcessOwner | Unreadable:
         """The workload and user of a process, or why they cannot be read: "hidden" (access denied) or "missing"
-        (no such process: it exited, or hidepid=invisible hides it). `users` names a uid (default user_name)."""
+        (no such process: it exited, or hidepid=invisible hides it, or the PID is another process's now). `users`
+        names a uid (default user_name). With `listed_at` (the unix time the vendor listed the PID) and the host's
+        `boot_time`, a process that started after the listing is a reused PID, not the GPU's process."""
         base = self.root / str(pid)
         try:
+            started = _start_ticks(_read(base / "stat"))
             cgroup = _read(base / "cgroup")
             status = _read(base / "status")
             comm = _read(base / "comm").strip()
+            if _start_ticks(_read(base / "stat")) != started:
+                return "missing"  # exited and its PID reused while its files were read
         except OSError as exc:
             # hidepid=noaccess: EACCES. hidepid=invisible: ENOENT, as for a process that is gone.
             return "hidden" if exc.errno in (errno.EACCES, errno.EPERM) else "missing"
+        if started is None:
+            return "missing"  # not a process's stat: distrusted
+        # btime is whole seconds (rounded down), so the start read here is at most a second early: never later.
+        if listed_at is not None and boot_time is not None and boot_time + started / CLOCK_TICKS > listed_at + 1.0:
+            return "missing"  # started after the vendor listed this PID: the GPU's process is gone
         workload = workload_of_cgroup(cgroup) or Workload("process", comm or f"pid-{pid}")
         return ProcessOwner(workload, (users or user_name)(_real_uid(status)))
 
@@ -144,6 +176,17 @@ def user_name(uid: int | None) -> str:
 def _read(path: Path) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read(MAX_FILE_BYTES)
+
+
+def _start_ticks(stat: str) -> int | None:
+    """Field 22 of /proc/PID/stat, counted after the command name's closing parenthesis (the name may hold spaces
+    and parentheses: proc(5) reads it with "%s" only for names without them)."""
+    _, paren, rest = stat.rpartition(")")
+    fields = rest.split()
+    index = _STARTTIME_FIELD - 3  # fields 1 (pid) and 2 (comm) end at the parenthesis; rest starts at field 3
+    if not paren or len(fields) <= index or not fields[index].isdigit():
+        return None
+    return int(fields[index])
 
 
 def _real_uid(status: str) -> int | None:
