@@ -20,6 +20,7 @@ from simnode import SimAgent
 from gpuwatch.config import ConfigError, load_config
 from gpuwatch.model import GpuSample, GpuWorkload
 from gpuwatch.simulated.procfs import stat_line
+from gpuwatch.simulated.scenarios import process_pid
 from gpuwatch.workloads.cgroup import Workload
 from gpuwatch.workloads.collector import HIDDEN, NOT_HOST_PIDS, attribute
 from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
@@ -28,13 +29,15 @@ FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
 UNKNOWN_UID = 3_999_999  # no passwd entry on any sane test machine
 
 
-def _proc(root: Path, pid: int, cgroup: str, uid: int, comm: str = "python3", started_ticks: int = 1000) -> None:
+def _proc(
+    root: Path, pid: int, cgroup: str, uid: int, comm: str = "python3", started_ticks: int = 1000, ppid: int = 1
+) -> None:
     entry = root / str(pid)
     entry.mkdir(parents=True)
     (entry / "stat").write_text(stat_line(pid, comm, started_ticks))
     (entry / "cgroup").write_text((FIXTURES / cgroup).read_text() if cgroup.endswith(".cgroup") else cgroup)
     (entry / "comm").write_text(comm + "\n")
-    (entry / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\n")
+    (entry / "status").write_text(f"Name:\t{comm}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\n")
 
 
 def _self(root: Path, nspid: str = "1", mount_options: str = "rw") -> None:
@@ -427,3 +430,26 @@ def test_a_stat_that_is_not_a_process_s_is_distrusted(tmp_path: Path) -> None:
     _proc(tmp_path, 7, "slurm-v2.cgroup", 0)
     (tmp_path / "7" / "stat").write_text("garbage without the command's parentheses\n")
     assert Procfs(tmp_path, host_pids=True).owner(7) == "missing"
+
+
+def test_the_agents_own_probe_worker_is_no_ones_workload(tmp_path: Path) -> None:
+    """The probe's worker is the agent's child (gpuwatch/probe/supervisor.py spawns it) and holds a context on the
+    GPU while it probes, so the driver lists it: it is left out, not shown as the agent's unit. The agent's PID is
+    what ``<root>/self`` links to (proc(5)): the host's PID when the host's /proc is mounted into a container."""
+    sim = SimAgent(tmp_path / "state", scenario="busy", gpus=2)
+    tree = tmp_path / "proc"
+    agent_pid = 4000
+    (tree / str(agent_pid)).mkdir(parents=True)
+    (tree / "self").symlink_to(str(agent_pid))
+    (tree / str(agent_pid) / "status").write_text(f"Name:\tgpuwatch\nNSpid:\t{agent_pid}\n")
+    worker, job = (process_pid(sim.node.seed, gpu) for gpu in (0, 1))
+    _proc(tree, worker, "systemd-service-v2.cgroup", 0, comm="python3", ppid=agent_pid)
+    _proc(tree, job, "slurm-v2.cgroup", 0, comm="python3", ppid=1)
+    sim.agent._sources.procfs = Procfs(tree, host_pids=True)
+    try:
+        sim.run(2)
+        info = {dict(lab)["gpu"]: dict(lab)["kind"] for n, lab in sim.samples() if n == "gpuwatch_gpu_workload_info"}
+        assert info == {"1": "slurm_job"}
+        assert sim.value("gpuwatch_gpu_processes", 0) == 1  # still counted as a process on the GPU
+    finally:
+        sim.close()

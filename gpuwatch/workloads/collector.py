@@ -83,6 +83,7 @@ class WorkloadsCollector:
         self._host_pids = False
         self._hidepid: str | bool | None = False  # False: not looked up yet
         self._boot_time: float | None = None  # the host's, for telling a reused PID from the GPU's process
+        self._own_pid: int | None = None  # the agent's PID as the procfs numbers it: its children are probe workers
         self._said = Latch(log)  # each problem said once: it holds until the agent's mounts change
         self._users = UserNames(clock=context.monotonic)
 
@@ -100,6 +101,7 @@ class WorkloadsCollector:
             self._checked, self._hidepid = procfs.root, False
             self._host_pids = procfs.pids_are_host()
             self._boot_time = procfs.boot_time()
+            self._own_pid = procfs.own_pid()
             if not self._host_pids:
                 self._say_once(
                     "pid_namespace",
@@ -138,7 +140,11 @@ class WorkloadsCollector:
                 "systemd/drop-ins/workloads.conf (ProtectProc=default); docs/workloads.md, Permissions.",
             )
             return HIDDEN
-        return owner if isinstance(owner, ProcessOwner) else None
+        if not isinstance(owner, ProcessOwner):
+            return None
+        if self._own_pid is not None and owner.parent == self._own_pid:
+            return None  # the agent's own probe worker, on a GPU the probe found idle: no one's workload
+        return owner
 
     def _say_once(self, key: str, message: str) -> None:
         self._said.fail("workloads: %s", message, key=key)

@@ -41,6 +41,7 @@ class ProcessOwner:
 
     workload: Workload
     user: str
+    parent: int | None = field(default=None, compare=False)  # PPid: the agent's own children are its probe workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,15 @@ class Procfs:
             return option
         return None
 
+    def own_pid(self) -> int | None:
+        """This process's PID as this procfs numbers it (``<root>/self`` links to it: proc(5)), which is the host's
+        PID when the root is the host's /proc mounted into a container; None where it cannot be read."""
+        try:
+            target = os.readlink(self.root / "self")
+        except OSError:
+            return None
+        return int(target) if target.isdigit() else None
+
     def boot_time(self) -> float | None:
         """The unix time the host booted (``btime`` of <root>/stat, proc(5)), None where it cannot be read."""
         try:
@@ -142,7 +152,7 @@ class Procfs:
         if listed_at is not None and boot_time is not None and boot_time + started / CLOCK_TICKS > listed_at + 1.0:
             return "missing"  # started after the vendor listed this PID: the GPU's process is gone
         workload = workload_of_cgroup(cgroup) or Workload("process", comm or f"pid-{pid}")
-        return ProcessOwner(workload, (users or user_name)(_real_uid(status)))
+        return ProcessOwner(workload, (users or user_name)(_real_uid(status)), _status_number(status, "PPid:"))
 
 
 class UserNames:
@@ -187,6 +197,15 @@ def _start_ticks(stat: str) -> int | None:
     if not paren or len(fields) <= index or not fields[index].isdigit():
         return None
     return int(fields[index])
+
+
+def _status_number(status: str, key: str) -> int | None:
+    """The first number of a /proc/PID/status line (``PPid:\t1``), None when absent or not a number."""
+    for line in status.splitlines():
+        if line.startswith(key):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def _real_uid(status: str) -> int | None:
