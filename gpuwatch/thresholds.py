@@ -8,12 +8,15 @@ both places (the rules file is what Prometheus reads; this module is what a pers
 
 from __future__ import annotations
 
+from gpuwatch import xid_catalogue
+
 __all__ = [
     "RUNBOOK_FILE",
     "RUNBOOK_PATH",
     "THRESHOLDS",
     "XID_APPLICATION",
     "XID_CRITICAL",
+    "XID_SOLO_WARNING",
     "runbook_reference",
     "runbook_url",
     "threshold",
@@ -54,12 +57,52 @@ def threshold(name: str) -> float:
     return THRESHOLDS[name]
 
 
-# NVIDIA's XID catalogue, as GpuXidCritical / GpuXidWarning class it: application XIDs page nobody, the critical ones
-# reset the GPU or reboot the node, every other code is a warning.
-XID_APPLICATION = frozenset({13, 31, 43, 45, 68})
-XID_CRITICAL = frozenset(
-    {46, 48, 54, 61, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, *range(144, 151), 155, 156, 158}
+# The XID classes of GpuXidCritical and GpuXidWarning, derived from NVIDIA's XID catalogue (gpuwatch/xid_catalogue.py)
+# by its "Resolution Bucket (Immediate Action)":
+# - application: RESTART_APP or IGNORE. The program's fault or nothing to do: no XID alert. 63 (row remap recorded),
+#   92 (high single-bit ECC rate) and 94 (contained ECC error) are among them; their hardware side pages through
+#   GpuRowRemapPending, GpuRowRemapFailure and GpuEccUncorrectable.
+# - critical: the GPU must be reset, the node or VM restarted, or a person must act on the hardware at once.
+# - warning: everything else, codes the catalogue does not list (yet) included, so no new code is ever silent.
+_CRITICAL_ACTIONS = frozenset(
+    {
+        "RESET_GPU",
+        "RESTART_BM",  # 79: fallen off the bus
+        "RESTART_VM",  # 151: key rotation error
+        "CHECK_MECHANICALS",  # 54: auxiliary power not connected; the GPU runs power-reduced until someone acts
+        "WORKFLOW_XID_48",  # double-bit ECC: the workflow ends in a GPU reset
+        "WORKFLOW_NVLINK_ERR",  # 74
+        "WORKFLOW_NVLINK5_ERR",  # 144-150
+    }
 )
+_NO_ALERT_ACTIONS = frozenset({"RESTART_APP", "IGNORE"})
+# Codes the catalogue gives no immediate action that resets (or no action yet), decided here:
+_CRITICAL_BY_DECISION = {
+    61: "PMU_BREAKPOINT: unused on Ampere and newer; the older GPUs' catalogue resets the GPU for it",
+    167: "PCIE_FATAL_TIMEOUT: no bucket yet; a fatal PCIe timeout leaves the GPU unreachable, as XID 79 does",
+    169: "SEC2_HALT_ERROR: no bucket yet; 'Internal micro-controller halt', the description of 62 (RESET_GPU)",
+}
+# 45 (WORKFLOW_XID_45) is "preemptive cleanup, due to previous errors"; the catalogue's investigatory action reads
+# "Solo: RESTART_FM / Not Solo: IGNORE (follow other Xid)". GpuXidWarning raises it alone only: with another XID on
+# the GPU in the window, that XID's own class speaks for both.
+XID_SOLO_WARNING = 45
+XID_APPLICATION = frozenset(
+    code for code, (_, _, action) in xid_catalogue.CATALOGUE.items() if action in _NO_ALERT_ACTIONS
+)
+XID_CRITICAL = frozenset(
+    {code for code, (_, _, action) in xid_catalogue.CATALOGUE.items() if action in _CRITICAL_ACTIONS}
+    | set(_CRITICAL_BY_DECISION)
+)
+
+
+def xid_meaning(code: int) -> str:
+    if code in _XID_MEANINGS:
+        return _XID_MEANINGS[code]
+    row = xid_catalogue.CATALOGUE.get(code)
+    if row is not None and row[1] != "Unused":
+        return row[1]
+    return "see NVIDIA's XID catalogue"
+
 
 _XID_MEANINGS = {
     13: "graphics engine exception (an application's fault)",
@@ -94,19 +137,14 @@ _XID_MEANINGS = {
 }
 
 
-def xid_class(code: int) -> str:
-    """application, critical or warning: the alert an XID raises (application: none)."""
+def xid_class(code: int, alone: bool = True) -> str:
+    """application, critical or warning: the alert an XID raises (application: none). `alone`: no other XID came
+    with it (45, the cleanup after another error, is a warning only then)."""
     if code in XID_APPLICATION:
         return "application"
+    if code == XID_SOLO_WARNING:
+        return "warning" if alone else "application"
     return "critical" if code in XID_CRITICAL else "warning"
-
-
-def xid_meaning(code: int) -> str:
-    if code in _XID_MEANINGS:
-        return _XID_MEANINGS[code]
-    if 144 <= code <= 150:
-        return "NVLink error"
-    return "see NVIDIA's XID catalogue"
 
 
 # The agent serves docs/runbooks.md at this path (gpuwatch.web), an anchor per alert: a link that works inside a

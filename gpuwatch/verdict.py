@@ -16,6 +16,7 @@ from typing import Literal, get_args
 
 from gpuwatch.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
 from gpuwatch.thresholds import runbook_url, threshold, xid_class, xid_meaning
+from gpuwatch.xid_catalogue import immediate_action
 
 __all__ = [
     "BENIGN_REASONS",
@@ -309,21 +310,24 @@ def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Findi
     """(code, count, last unix time) per XID code: a finding per code within the rules' XID window, worst first.
     Application XIDs are listed (info) and page nobody, as in the rules."""
     window = threshold("xid_window_seconds")
+    recent = [(code, total, last) for code, total, last in xids if now - last < window]
     out = []
-    for code, total, last in sorted(xids, key=lambda x: -x[2]):
+    for code, total, last in sorted(recent, key=lambda x: -x[2]):
         age = now - last
-        if age >= window:
-            continue
-        cls = xid_class(code)
+        cls = xid_class(code, alone=all(other == code for other, _, _ in recent))
         label = "other" if code < 0 else str(code)
         times = f" ×{total}" if total > 1 else ""
         text = f"XID {label}{times} ({xid_meaning(code)}) {ago(age)} ago"
         if cls == "critical":
             out.append(Finding("bad", "GpuXidCritical", text, "drain the GPU and reset it (or reboot the node)"))
         elif cls == "warning":
-            out.append(Finding("warn", "GpuXidWarning", text, "restart the application; reset the GPU when drained"))
+            action = immediate_action(code) if code >= 0 else None
+            remedy = (
+                f"NVIDIA's catalogue: {action}" if action else "read it in dmesg; NVIDIA's catalogue names no action"
+            )
+            out.append(Finding("warn", "GpuXidWarning", text, f"{remedy}; drain the GPU when convenient"))
         else:
-            out.append(Finding("info", "GpuXidWarning", text, "an application's fault: no action on the GPU"))
+            out.append(Finding("info", "GpuXidWarning", text, "an application's fault or none: no action on the GPU"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 

@@ -174,7 +174,7 @@ def test_the_agent_serves_the_runbooks_with_an_anchor_per_alert(agent: int) -> N
     assert "<strong>What to do.</strong> Check cooling first" in overheating.split("<h2", 2)[1]
     # a link to another document of docs/ (not served here) is its text and its path, not a 404
     assert "(docs/alerting.md#opt-in-alerts)" in text and 'href="alerting.md' not in text
-    assert '<a href="https://docs.nvidia.com/deploy/xid-errors/">' in text
+    assert '<a href="https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html">' in text
 
 
 def test_head_answers_as_get_without_a_body(agent: int) -> None:

@@ -9,8 +9,17 @@ from pathlib import Path
 
 import yaml
 
+from gpuwatch import xid_catalogue
 from gpuwatch.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
-from gpuwatch.thresholds import RUNBOOK_PATH, THRESHOLDS, XID_APPLICATION, XID_CRITICAL, runbook_url, xid_class
+from gpuwatch.thresholds import (
+    RUNBOOK_PATH,
+    THRESHOLDS,
+    XID_APPLICATION,
+    XID_CRITICAL,
+    XID_SOLO_WARNING,
+    runbook_url,
+    xid_class,
+)
 from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_unusable, judge_xids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +53,24 @@ def test_xid_classes_are_the_alerts_regexes() -> None:
     warning = re.search(r'xid!~"([0-9|]+)"', str(alerts["GpuXidWarning"]["expr"]))
     assert critical and warning
     assert {int(c) for c in critical.group(1).split("|")} == XID_CRITICAL
-    assert {int(c) for c in warning.group(1).split("|")} == XID_CRITICAL | XID_APPLICATION
-    assert [xid_class(c) for c in (13, 79, 63, -1)] == ["application", "critical", "warning", "warning"]
+    assert {int(c) for c in warning.group(1).split("|")} == XID_CRITICAL | XID_APPLICATION | {XID_SOLO_WARNING}
+    assert 'xid="45"' in str(alerts["GpuXidWarning"]["expr"])  # its arm for 45 alone
+    # The catalogue (gpuwatch/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151 RESTART_VM,
+    # 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
+    codes = (13, 63, 79, 151, 78, 173, -1)
+    assert [xid_class(c) for c in codes] == ["application", "application", *["critical"] * 2, *["warning"] * 3]
+    assert (xid_class(45), xid_class(45, alone=False)) == ("warning", "application")
+
+
+def test_the_catalogue_is_the_one_recorded() -> None:
+    """Spot checks of gpuwatch/xid_catalogue.py against NVIDIA's catalogue (the rows as the 2025-10-29 spreadsheet
+    has them: code, mnemonic, immediate action)."""
+    assert xid_catalogue.CATALOGUE[79][0::2] == ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM")
+    assert xid_catalogue.CATALOGUE[94][0::2] == ("ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP")
+    assert xid_catalogue.CATALOGUE[151][0::2] == ("ROBUST_CHANNEL_KEY_ROTATION_ERROR", "RESTART_VM")
+    assert xid_catalogue.CATALOGUE[167][0::2] == ("PCIE_FATAL_TIMEOUT", "")
+    assert sorted(xid_catalogue.CATALOGUE) == list(range(1, 173))
+    assert xid_catalogue.immediate_action(173) is None
 
 
 def _all_findings() -> list[Finding]:
