@@ -32,6 +32,7 @@ THRESHOLDS: dict[str, float] = {
     "hw_slowdown_ratio": 0.01,
     "power_limit_ratio": 0.95,
     "rail_voltage_ratio": 0.95,
+    "negative_rail_voltage_ratio": 0.9,
     "probe_fresh_intervals": 2,
     "probe_baseline_ratio": 0.95,
     "probe_slow_probes": 3,

@@ -346,11 +346,13 @@ def judge_unusable(gpu: UnusableGpu) -> Finding:
 
 
 def rail_limit(v: HostVoltage) -> float | None:
-    """The rail's lower limit by magnitude, as HostPsuRailUndervoltage takes it: its own min, else nominal × ratio."""
+    """The rail's lower limit by magnitude, as HostPsuRailUndervoltage takes it: its own min, else nominal × the
+    ratio of its sign (ATX: ±5 % positive, ±10 % negative)."""
     if v.min_volts is not None:
         return abs(v.min_volts)
     if v.nominal_volts is not None:
-        return abs(v.nominal_volts) * threshold("rail_voltage_ratio")
+        ratio = "negative_rail_voltage_ratio" if v.nominal_volts < 0 else "rail_voltage_ratio"
+        return abs(v.nominal_volts) * threshold(ratio)
     return None
 
 

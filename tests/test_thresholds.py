@@ -109,7 +109,11 @@ def _all_findings() -> list[Finding]:
     host = HostSample(
         "ipmi",
         0.0,
-        voltages=(HostVoltage("ipmi", "12V", 11.2, 12.0, 11.4), HostVoltage("ipmi", "-12V", -10.7, -12.0, None)),
+        voltages=(
+            HostVoltage("ipmi", "12V", 11.2, 12.0, 11.4),
+            HostVoltage("ipmi", "-12V", -10.7, -12.0, None),
+            HostVoltage("legacy", "-12V", -11.3, -12.0, None),
+        ),
         psus=(HostPsu("PS1", False, "Failure detected"),),
         psu_redundancy_lost=True,
     )
@@ -143,8 +147,10 @@ def test_findings_carry_now_and_limit_with_units() -> None:
     assert "power-capped: limit 500 W, default 700 W (warns below 95%)" in texts
     assert "PCIe link downtrained: gen 3 x8 of gen 5 x16 while busy" in texts
     assert "rail 12V (ipmi) 11.20 V, below its limit 11.40 V" in texts
-    # no min exported: the nominal less rail_voltage_ratio, by magnitude (-10.7 V on -12 V is under 11.40 V)
-    assert "rail -12V (ipmi) -10.70 V, below its limit 11.40 V" in texts
+    # no min exported: the nominal less its sign's ratio, by magnitude (ATX12V design guide: -12 V ±10 %, so -10.7 V
+    # is under 10.80 V, and -11.3 V is not)
+    assert "rail -12V (ipmi) -10.70 V, below its limit 10.80 V" in texts
+    assert not [t for t in texts if t.startswith("rail -12V (legacy) -11.30 V")]
     assert "XID 79 (GPU has fallen off the bus) 10 s ago" in texts
     assert "XID 63 ×2 (row remap recorded) 10 s ago" in texts
     assert "2 memory banks with low or no spare rows" in texts
