@@ -50,12 +50,13 @@ SLOW_GPU = ("GpuUnderperforming", "node-004", "1")
 # gpuwatch_gpu_info by the `query` template function), and the value with its unit and its limit.
 MODEL = "NVIDIA H100 80GB HBM3"  # the simulated node's GPUs (gpuwatch/simulated/physics.py)
 NUM = r"\d+(?:\.\d+)?"
+DURATION = r"(?:\d+[dhm] )*\d+(?:\.\d+)?m?s"  # Prometheus' humanizeDuration: "59.5s", "3m 4s", "120ms"
 SUMMARIES = {
     "GpuOverheating": rf"GPU {{gpu}} \({MODEL}\) on {{node}} is overheating at {NUM} °C, limit {NUM} °C "
     r"\(its slowdown temperature\)",
     "GpuMemoryTemperatureHigh": rf"GPU {{gpu}} \({MODEL}\) on {{node}} has its memory at {NUM} °C, limit {NUM} °C",
-    "GpuPowerBrakeSlowdown": rf"GPU {{gpu}} \({MODEL}\) on {{node}} was power-braked for {NUM} s in 5 minutes, "
-    "limit 0 s",
+    "GpuPowerBrakeSlowdown": rf"GPU {{gpu}} \({MODEL}\) on {{node}} spent {DURATION} of the last 5 minutes in "
+    "hardware power brake, which a healthy node never applies",
     "GpuLost": rf"GPU {{gpu}} \({MODEL}\) on {{node}} is lost: no fresh reading for 2 minutes",
     "GpuCountBelowExpected": r"{node} has fewer GPUs than expected: {detected} detected, {gpus} expected",
     "GpuUnderperforming": rf"GPU {{gpu}} \({MODEL}\) on {{node}} computes at {NUM}% of its own \w+ baseline, "
