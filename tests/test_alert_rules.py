@@ -95,6 +95,8 @@ STATE_ALERTS = {
 }
 # Events (an XID, an SXID, a failed run): the value is how long ago; there is no limit to compare with.
 EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}
+# Alerts whose limit is "none at all": their summaries say so in words, not as "limit 0".
+NO_LIMIT_ALERTS = {"GpuPowerBrakeSlowdown": "which a healthy node never applies"}
 MODEL_LOOKUP = (
     "last_over_time(gpuwatch_gpu_info{instance=%[1]q,uuid=%[2]q}[1h])` $labels.instance $labels.uuid | query }}"
 )
@@ -113,7 +115,9 @@ def test_summaries_name_the_gpu_its_model_the_value_and_the_limit() -> None:
         if name in STATE_ALERTS:
             continue
         assert "$value" in _without_queries(summary) or "| first | value |" in summary, name  # its own, or looked up
-        if name not in EVENT_ALERTS:
+        if name in NO_LIMIT_ALERTS:
+            assert NO_LIMIT_ALERTS[name] in summary and "limit 0" not in summary, name
+        elif name not in EVENT_ALERTS:
             assert any(w in summary for w in ("limit", ", max ", " expected", " of {{ with")), name  # N of M up
 
 
