@@ -62,7 +62,7 @@ def judge_gpu(identity: GpuIdentity, sample: GpuSample, configured_limit_watts: 
     out: list[Finding] = []
     _thermal(identity, sample, out)
     _throttle(sample, out)
-    _power(sample, configured_limit_watts, out)
+    _power(identity, sample, configured_limit_watts, out)
     _pcie(sample, out)
     _memory_health(sample, out)
     _board(sample, out)
@@ -95,7 +95,11 @@ def _thermal(identity: GpuIdentity, s: GpuSample, out: list[Finding]) -> None:
     ):
         limit = f"{limit_words} (warns {margin:.0f} °C before it)" if slowdown is not None else ""
         if identity.vendor == "nvidia" and core > nvidia_limit:
-            limit = f"NVIDIA limit {nvidia_limit:.0f} °C" + (f", {limit_words}" if slowdown is not None else "")
+            # gpuwatch's own threshold (GpuTemperatureHigh's), named as such; the device's limits by its own values.
+            max_operating = s.temperature_threshold_celsius.get(("core", "max_operating"))
+            device = [f"max operating {max_operating:.0f} °C"] if max_operating is not None else []
+            device += [limit_words] if slowdown is not None else []
+            limit = ", ".join([f"above gpuwatch's {nvidia_limit:.0f} °C threshold", *device])
         out.append(
             Finding(
                 "warn",
@@ -166,7 +170,15 @@ def reference_limit(s: GpuSample, configured: float | None) -> tuple[float | Non
     return s.power_limit_watts.get("default"), "default"
 
 
-def _power(s: GpuSample, configured: float | None, out: list[Finding]) -> None:
+def _restore_power_limit(identity: GpuIdentity, watts: float) -> str:
+    """The vendor's command that sets this GPU's power limit back: nvidia-smi -pl, or amd-smi set --power-cap WATTS
+    (ROCm/amdsmi amdsmi_cli/amdsmi_parser.py, the set subcommand)."""
+    if identity.vendor == "amd":
+        return f"amd-smi set -g {identity.index} --power-cap {watts:.0f}"
+    return f"nvidia-smi -i {identity.index} -pl {watts:.0f}"
+
+
+def _power(identity: GpuIdentity, s: GpuSample, configured: float | None, out: list[Finding]) -> None:
     enforced = s.power_limit_watts.get("enforced")
     reference, which = reference_limit(s, configured)
     ratio = threshold("power_limit_ratio")
@@ -176,7 +188,7 @@ def _power(s: GpuSample, configured: float | None, out: list[Finding]) -> None:
                 "warn",
                 "GpuPowerLimitBelowDefault",
                 f"power-capped: limit {enforced:.0f} W, {which} {reference:.0f} W (warns below {ratio:.0%})",
-                f"restore the limit: nvidia-smi -i <gpu> -pl {reference:.0f} (or find who lowered it)",
+                f"restore the limit: {_restore_power_limit(identity, reference)} (or find who lowered it)",
             )
         )
     if s.power_supply_undersized:

@@ -49,7 +49,7 @@ def test_on_a_terminal_the_verdicts_are_coloured() -> None:
     assert rc == 0, out
     # GPU 5's 500 W limit against its 700 W default: flagged, in the warning colour, with what to do
     assert re.search(r"\n +5 .*\x1b\[33mpower-capped: limit 500 W, default 700 W", out), out
-    assert "what to do: restore the limit: nvidia-smi -i <gpu> -pl 700" in out
+    assert "what to do: restore the limit: nvidia-smi -i 5 -pl 700" in out
     anchor = "gpupowerlimitbelowdefault"
     assert f"runbook: /runbooks#{anchor} on the agent, docs/runbooks.md#{anchor}" in out
     assert "\x1b[32mok\x1b[0m" in out  # healthy GPUs in green

@@ -102,7 +102,7 @@ def _all_findings() -> list[Finding]:
         "GPU-1",
         0.0,
         temperature_celsius={"core": 86.0},
-        temperature_threshold_celsius={("core", "slowdown"): 89.0},
+        temperature_threshold_celsius={("core", "slowdown"): 89.0, ("core", "max_operating"): 87.0},
         throttle_active={"sw_thermal": True, "hw_slowdown": True},
         row_remap_pending=True,
     )
@@ -154,7 +154,11 @@ def test_findings_carry_now_and_limit_with_units() -> None:
     assert "XID 79 (GPU has fallen off the bus) 10 s ago" in texts
     assert "XID 63 ×2 (row remap recorded) 10 s ago" in texts
     assert "2 memory banks with low or no spare rows" in texts
-    assert "runs hot: 86 °C, NVIDIA limit 84 °C, slowdown at 89 °C" in texts
+    # 84 °C is gpuwatch's rule (gpuwatch:threshold:nvidia_core_temperature_celsius), not a limit NVIDIA reports: it is
+    # named as gpuwatch's, and the device's own limits by the values it reports (NVML GPU_MAX, SLOWDOWN)
+    assert "runs hot: 86 °C, above gpuwatch's 84 °C threshold, max operating 87 °C, slowdown at 89 °C" in texts
+    remedies = {f.alert: f.remedy for f in _all_findings()}
+    assert "nvidia-smi -i 1 -pl 700" in remedies["GpuPowerLimitBelowDefault"]  # the GPU's index, no placeholder
 
 
 def test_an_xid_older_than_the_window_and_an_idle_downshifted_link_judge_nothing() -> None:
