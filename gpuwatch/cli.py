@@ -75,11 +75,11 @@ def _scenario_help() -> str:
 
 def _add_agent_flags(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
     parser.add_argument("--config", type=Path, help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
-    parser.add_argument("--listen", help="HOST:PORT to serve on (default :9845)")
+    listen = "127.0.0.1:9845, this machine only; with --alerting a free port" if demo else ":9845"
+    state = "~/.cache/gpuwatch/demo-<vendor>" if demo else "$STATE_DIRECTORY, else /var/lib/gpuwatch"
+    parser.add_argument("--listen", help=f"HOST:PORT to serve on (default {listen})")
     parser.add_argument("--web-config", metavar="PATH", help="TLS / basic auth file (exporter-toolkit web-config.yml)")
-    parser.add_argument(
-        "--state-dir", type=Path, help="where known GPUs are kept (default $STATE_DIRECTORY, else /var/lib/gpuwatch)"
-    )
+    parser.add_argument("--state-dir", type=Path, help=f"where known GPUs and probe baselines live (default {state})")
     parser.add_argument("--log-level", choices=LOG_LEVELS)
     parser.add_argument("--poll-interval", type=float, metavar="SECONDS", help="fast poll interval (default 1)")
     parser.add_argument(
@@ -272,16 +272,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.alerting:
             return _demo_alerting(args, overrides)
         overrides["agent"].setdefault("listen", f"127.0.0.1:{DEFAULT_PORT}")  # a demo is for this machine only
-        if "state_dir" not in overrides["agent"]:
-            from gpuwatch.statedir import StateDirUnsafe, demo_state_dir, make_private_dir
-
-            try:  # per vendor: the known GPUs of one simulated node are not another's lost ones
-                demo_dir = demo_state_dir(config_vendor(args))
-                make_private_dir(demo_dir)  # 0700 in the user's own cache, never a guessable name in /tmp
-            except (StateDirUnsafe, OSError) as exc:
-                print(f"gpuwatch demo: cannot make its state dir: {exc}; pass --state-dir", file=sys.stderr)
-                return EXIT_UNAVAILABLE
-            overrides["agent"]["state_dir"] = str(demo_dir)
+        if "state_dir" not in overrides["agent"] and not _use_demo_state_dir(args, overrides, "demo"):
+            return EXIT_UNAVAILABLE
         path = _config_path(args) if args.config else None
         config = load_config(path, overrides)
         return _run_agent(config, path, overrides, announce=True)
@@ -307,6 +299,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "probe":
         from gpuwatch.probe_command import probe
 
+        if config.agent.backend == "simulated" and not config.agent.state_dir and "STATE_DIRECTORY" not in os.environ:
+            # the simulated node's probe: the demo's baselines, in the user's cache, never /var/lib/gpuwatch as root
+            if not _use_demo_state_dir(args, overrides, "probe"):
+                return EXIT_UNAVAILABLE
+            config = load_config(path, overrides)
+
         if args.update_baseline and args.reset_baseline:
             print("gpuwatch probe: --update-baseline and --reset-baseline exclude each other", file=sys.stderr)
             return EXIT_USAGE
@@ -318,6 +316,20 @@ def _dispatch(args: argparse.Namespace) -> int:
             reset_baseline=args.reset_baseline,
         )
     raise AssertionError(args.command)
+
+
+def _use_demo_state_dir(args: argparse.Namespace, overrides: dict[str, dict[str, Any]], command: str) -> bool:
+    """Point `overrides` at the simulated node's state dir, made private if new; False (said why) if it cannot be."""
+    from gpuwatch.statedir import StateDirUnsafe, demo_state_dir, make_private_dir
+
+    try:  # per vendor: the known GPUs of one simulated node are not another's lost ones
+        demo_dir = demo_state_dir(config_vendor(args))
+        make_private_dir(demo_dir)  # 0700 in the user's own cache, never a guessable name in /tmp
+    except (StateDirUnsafe, OSError) as exc:
+        print(f"gpuwatch {command}: cannot make its state dir: {exc}; pass --state-dir", file=sys.stderr)
+        return False
+    overrides.setdefault("agent", {})["state_dir"] = str(demo_dir)
+    return True
 
 
 def _demo_alerting(args: argparse.Namespace, overrides: dict[str, dict[str, Any]]) -> int:
@@ -366,6 +378,7 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
         print(f"gpuwatch: {exc}", file=sys.stderr)
         agent.stop()
         return EXIT_UNAVAILABLE
+    quiet = threading.Event()  # ends the demo's findings log; set after the agent stops, never by a signal handler
     if announce:
         scenario = config.simulated.scenario
         print(f"gpuwatch demo: simulated {config.simulated.gpus}-GPU node, scenario {scenario!r}", flush=True)
@@ -374,7 +387,11 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
         print(f"  metrics:     http://{shown}:{agent.port}/metrics", flush=True)
         print(f"  status page: http://{shown}:{agent.port}/", flush=True)
         print("  stop with Ctrl-C", flush=True)
+        from gpuwatch.demo_findings import announce_findings
+
+        announce_findings(agent.store, lambda line: print(line, flush=True), quiet)
     agent.run_until_signalled()
+    quiet.set()
     agent.stop()
     _exit_even_if_a_vendor_call_hangs()
     return EXIT_OK

@@ -173,6 +173,9 @@ def print_gpus(
         ("health", 0, False),
     )
     if not readings:
+        if not problems and not total:
+            print("no NVIDIA or AMD GPU here (none on the PCI bus, no backend configured); the host sensors follow.")
+            print("    to see gpuwatch on a simulated 8-GPU node: gpuwatch snapshot --backend simulated")
         return
     print(paint("head", "  ".join(_pad(h, w, Paint(False), right=r) for h, w, r in columns).rstrip()))
     print(
@@ -360,7 +363,10 @@ def check(config: Config) -> int:
     report = CheckReport()
     report.line("ok", "configuration", str(config.source))
     sources = build_sources(config)
-    report.line("ok", "PCI bus", _gpu_words(sources.pci_gpu_counts()))
+    if config.agent.backend == "simulated":  # the simulated node's bus, not this machine's: said so
+        report.line("ok", "PCI bus", f"simulated: {_gpu_words(sources.pci_gpu_counts())} (this machine's is not read)")
+    else:
+        report.line("ok", "PCI bus", _gpu_words(sources.pci_gpu_counts()))
     if not sources.slots:
         report.line(
             "warn",
