@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -204,3 +205,59 @@ def test_provisioning_files() -> None:
     assert provider["apiVersion"] == 1 and provider["providers"][0]["type"] == "file"
     datasource = yaml.safe_load((REPO / "dashboards/provisioning/datasource.yml").read_text())
     assert datasource["datasources"][0]["type"] == "prometheus"
+
+
+def _threshold_records() -> dict[str, float]:
+    """The rules' gpuwatch:threshold:<name> records and their numbers, read from the shipped rules file."""
+    import re
+
+    from dashboard_queries import RULES_FILE
+
+    out = {}
+    for group in yaml.safe_load(RULES_FILE.read_text())["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("record", "")
+            if name.startswith("gpuwatch:threshold:"):
+                found = re.fullmatch(r"vector\(([-0-9.e]+)\)", rule["expr"].strip())
+                assert found, rule
+                out[name.removeprefix("gpuwatch:threshold:")] = float(found.group(1))
+    return out
+
+
+def _steps(thresholds: dict[str, Any]) -> list[float]:
+    """The values of a Grafana thresholds object's steps (the first, the base, has none)."""
+    return [s["value"] for s in thresholds.get("steps", []) if s.get("value") is not None]
+
+
+FLEET, GPUS = "gpuwatch-fleet.json", "GPUs: temperature, power, clocks, throttling, probe"
+# Panel (or table column) -> the threshold record its colour change stands for.
+PANEL_THRESHOLDS = {
+    (FLEET, "Hottest GPU headroom", None): "core_temperature_margin_celsius",
+    (FLEET, GPUS, "Headroom to slowdown"): "core_temperature_margin_celsius",
+    (FLEET, GPUS, "Limit / default"): "power_limit_ratio",
+    (FLEET, GPUS, "Probe / baseline"): "probe_baseline_ratio",
+    (FLEET, GPUS, "Probe / fleet"): "probe_fleet_ratio",
+    (FLEET, "Closest to slowdown (top $topn)", "Headroom to slowdown"): "core_temperature_margin_celsius",
+    (FLEET, "Slowest against the fleet (top $topn)", "Probe / fleet"): "probe_fleet_ratio",
+}
+
+
+def test_the_dashboards_colour_where_the_alerts_fire() -> None:
+    """Every threshold a dashboard draws is the number of the rules' record it stands for (issue 30: the dashboards
+    had 0.95 and 5 °C written in while the recording rules hold the thresholds), and no query multiplies by a literal
+    ratio where a gpuwatch:threshold:* record exists."""
+    records = _threshold_records()
+    boards = dashboards()
+    for (board, title, column), record in PANEL_THRESHOLDS.items():
+        panel = next(p for p in panels(boards[board]) if p["title"] == title)
+        if column is None:
+            drawn = _steps(panel["fieldConfig"]["defaults"].get("thresholds", {}))
+        else:
+            overrides = panel["fieldConfig"].get("overrides", [])
+            found = [o for o in overrides if o.get("matcher", {}).get("options") == column]
+            assert found, (title, column)
+            drawn = [v for o in found for p in o["properties"] if p["id"] == "thresholds" for v in _steps(p["value"])]
+        assert records[record] in drawn, (board, title, column, drawn, record, records[record])
+    for query in queries():
+        for literal in ("0.95 *", "0.9 *", "* 0.95", "* 0.9"):
+            assert literal not in query.expr, query

@@ -7,6 +7,8 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
+from gpuwatch.thresholds import threshold
+
 from .board import Board, Q, ds_variable, node_link, query_variable, steps
 from .promql import (
     BENIGN_REASONS,
@@ -17,6 +19,13 @@ from .promql import (
     per_gpu,
 )
 from .utilization import real_utilization_fleet
+
+# The numbers the alerts page on (the rules' gpuwatch:threshold:* records, held equal to gpuwatch/thresholds.py by
+# tests/test_thresholds.py): a panel turns red where an alert would fire.
+MARGIN_C = threshold("core_temperature_margin_celsius")
+POWER_LIMIT_RATIO = threshold("power_limit_ratio")
+BASELINE_RATIO = threshold("probe_baseline_ratio")
+FLEET_RATIO = threshold("probe_fleet_ratio")
 
 
 def fleet_overview() -> dict[str, Any]:
@@ -72,7 +81,7 @@ def fleet_overview() -> dict[str, Any]:
                 f' - on(instance, uuid) group_left gpuwatch_gpu_temperature_celsius{{sensor="core", {s}}})'
             )
         ],
-        steps((None, "red"), (0, "orange"), (5, "green")),
+        steps((None, "red"), (0, "orange"), (MARGIN_C, "green")),
     )
     b.table(
         "Firing alerts",
@@ -142,11 +151,11 @@ def fleet_overview() -> dict[str, Any]:
         columns=columns,
         hide=("Time", "uuid", "instance"),
         cell_thresholds={
-            "Headroom to slowdown": steps((None, "red"), (0, "orange"), (5, "green")),
-            "Limit / default": steps((None, "orange"), (0.95, "green")),
+            "Headroom to slowdown": steps((None, "red"), (0, "orange"), (MARGIN_C, "green")),
+            "Limit / default": steps((None, "orange"), (POWER_LIMIT_RATIO, "green")),
             "Throttled (5m)": steps((None, "green"), (0.1, "orange"), (0.5, "red")),
-            "Probe / baseline": steps((None, "red"), (0.95, "green")),
-            "Probe / fleet": steps((None, "red"), (0.9, "green")),
+            "Probe / baseline": steps((None, "red"), (BASELINE_RATIO, "green")),
+            "Probe / fleet": steps((None, "red"), (FLEET_RATIO, "green")),
             "Up": steps((None, "red"), (1, "green")),
         },
         h=12,
@@ -170,12 +179,13 @@ def fleet_overview() -> dict[str, Any]:
     )
     b.table(
         "Power-capped below default",
-        "GPUs whose enforced power limit is below 95 % of the configured limit (when set) or the default one.",
+        f"GPUs whose enforced power limit is below {POWER_LIMIT_RATIO:.0%} of the configured limit (when set) or the "
+        "default one (gpuwatch:threshold:power_limit_ratio).",
         "watt",
         [
             Q(
                 f'max by (node, instance, gpu, uuid) (gpuwatch_gpu_power_limit_watts{{limit="enforced", {s}}}'
-                " < on(instance, uuid) group_left 0.95 * ("
+                " < on(instance, uuid) group_left scalar(gpuwatch:threshold:power_limit_ratio) * ("
                 f'max by (instance, uuid) (gpuwatch_gpu_power_limit_watts{{limit="configured", {s}}}) or '
                 f'max by (instance, uuid) (gpuwatch_gpu_power_limit_watts{{limit="default", {s}}})))',
                 table=True,
@@ -195,7 +205,7 @@ def fleet_overview() -> dict[str, Any]:
         [Q(f"bottomk($topn, max by (node, instance, gpu, uuid) ({headroom}))", table=True)],
         columns={"headroom": ("Headroom to slowdown", "celsius")},
         hide=("Time", "uuid", "instance"),
-        cell_thresholds={"Headroom to slowdown": steps((None, "red"), (0, "orange"), (5, "green"))},
+        cell_thresholds={"Headroom to slowdown": steps((None, "red"), (0, "orange"), (MARGIN_C, "green"))},
         w=8,
         h=8,
         sort_by="Headroom to slowdown",
@@ -226,7 +236,7 @@ def fleet_overview() -> dict[str, Any]:
         [Q(f"bottomk($topn, max by (node, instance, gpu, uuid, model) ({RULE_RATIO_TO_FLEET}{{{s}}}))", table=True)],
         columns={"ratio": ("Probe / fleet", "percentunit")},
         hide=("Time", "uuid", "instance"),
-        cell_thresholds={"Probe / fleet": steps((None, "red"), (0.9, "green"))},
+        cell_thresholds={"Probe / fleet": steps((None, "red"), (FLEET_RATIO, "green"))},
         w=8,
         h=8,
         sort_by="Probe / fleet",
@@ -240,7 +250,7 @@ def fleet_overview() -> dict[str, Any]:
         "Degrees between each GPU's core temperature and its own slowdown threshold; at 0 the GPU slows down.",
         "celsius",
         [Q(f"max by (node, instance, gpu, uuid) ({headroom})", FLEET_LEGEND)],
-        thresholds=steps((None, "red"), (0, "orange"), (5, "transparent")),
+        thresholds=steps((None, "red"), (0, "orange"), (MARGIN_C, "transparent")),
     )
     b.timeseries(
         "Power against enforced limit",
@@ -283,7 +293,7 @@ def fleet_overview() -> dict[str, Any]:
                 FLEET_LEGEND,
             )
         ],
-        thresholds=steps((None, "orange"), (0.95, "transparent")),
+        thresholds=steps((None, "orange"), (POWER_LIMIT_RATIO, "transparent")),
     )
     b.timeseries(
         "Probe throughput against own baseline",
@@ -295,14 +305,14 @@ def fleet_overview() -> dict[str, Any]:
                 FLEET_LEGEND + " {{dtype}}",
             )
         ],
-        thresholds=steps((None, "red"), (0.95, "transparent")),
+        thresholds=steps((None, "red"), (BASELINE_RATIO, "transparent")),
     )
     b.timeseries(
         "Probe throughput against fleet median",
         "Each probe's FLOP/s over the median of the same model, dtype and engine across the fleet.",
         "percentunit",
         [Q(f"max by (node, instance, gpu, uuid, dtype) ({RULE_RATIO_TO_FLEET}{{{s}}})", FLEET_LEGEND + " {{dtype}}")],
-        thresholds=steps((None, "red"), (0.9, "transparent")),
+        thresholds=steps((None, "red"), (FLEET_RATIO, "transparent")),
     )
     variables = [
         ds_variable(),

@@ -6,6 +6,8 @@ from typing import Any
 
 from grafana_foundation_sdk.models import dashboard as dm
 
+from gpuwatch.thresholds import threshold
+
 from .board import ON_OFF, Board, Q, ds_variable, node_link, query_variable, steps
 from .promql import (
     GPU_LEGEND,
@@ -200,13 +202,14 @@ def node_detail() -> dict[str, Any]:
     )
     b.timeseries(
         "Probe against baseline and fleet",
-        "Last probe over the GPU's baseline (below 95 % is slow), and over the fleet median of its model (below 90 %).",
+        f"Last probe over the GPU's baseline (below {threshold('probe_baseline_ratio'):.0%} is slow), and over the "
+        f"fleet median of its model (below {threshold('probe_fleet_ratio'):.0%}).",
         "percentunit",
         [
             Q(f"max by (gpu, dtype) ({RULE_RATIO_TO_BASELINE}{{{s}}})", GPU_LEGEND + " {{dtype}} / baseline"),
             Q(f"max by (gpu, dtype) ({RULE_RATIO_TO_FLEET}{{{s}}})", GPU_LEGEND + " {{dtype}} / fleet"),
         ],
-        thresholds=steps((None, "red"), (0.9, "transparent")),
+        thresholds=steps((None, "red"), (threshold("probe_fleet_ratio"), "transparent")),
     )
     b.timeseries(
         "SM clock during probes",
@@ -332,14 +335,17 @@ def node_detail() -> dict[str, Any]:
     b.row("Host power delivery")
     b.timeseries(
         "Supply rails against their minimum",
-        "Each rail's voltage over its declared lower critical threshold (or 95 % of nominal where none is "
-        "declared); below 100 % (the line) the rail sags.",
+        "Each rail's voltage over its lower limit (declared by the chip or the BMC, else its nominal less the ATX "
+        "tolerance, which the agent exports as the min); below 100 % (the line) the rail sags.",
         "percentunit",
         [
             Q(
                 f"gpuwatch_host_voltage_volts{{{HOST_SEL}}} / on(instance, chip, sensor) "
                 f"(gpuwatch_host_voltage_min_volts{{{HOST_SEL}}} or "
-                f"0.95 * gpuwatch_host_voltage_nominal_volts{{{HOST_SEL}}})",
+                f"(gpuwatch_host_voltage_nominal_volts{{{HOST_SEL}}} > 0)"
+                " * scalar(gpuwatch:threshold:rail_voltage_ratio)"
+                f" or (gpuwatch_host_voltage_nominal_volts{{{HOST_SEL}}} < 0)"
+                " * scalar(gpuwatch:threshold:negative_rail_voltage_ratio))",
                 "{{chip}} {{sensor}}",
             )
         ],
