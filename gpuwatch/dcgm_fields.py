@@ -195,12 +195,14 @@ FIELDS: tuple[DcgmField, ...] = (
         {"reason": "sw_power_cap"},
         1e9,
     ),
+    # DCGM reads NVML_FI_DEV_PERF_POLICY_THERMAL (75) for it (dcgmlib/src/dcgm_fields.cpp 2383-2388, DCGM 4.6.0):
+    # the combined thermal counter, not the software-thermal reason (whose own field is 269 from R580.82).
     _f(
         "DCGM_FI_DEV_THERMAL_VIOLATION",
         "counter",
         "Throttling duration due to thermal constraints (in ns).",
-        _THROTTLE,
-        {"reason": "sw_thermal"},
+        "gpuwatch_gpu_thermal_violation_seconds_total",
+        None,
         1e9,
     ),
     _f(

@@ -104,6 +104,7 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
             continue
         _readings(gpu, sample, snap.configured_power_limit_watts, out)
         out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
+        out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
         export_probe(gpu, identity.uuid, snap.probe, out)
         for w in snap.workloads.get(identity.uuid, ()):
             out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
@@ -226,6 +227,7 @@ _HEALTH = Row(
     "gpuwatch_gpu_fabric_healthy",
 )
 _PCIE = Row("gpuwatch_gpu_pcie_replays_total", "gpuwatch_gpu_pcie_link_recoveries_total")
+_THERMAL_VIOLATION = Row("gpuwatch_gpu_thermal_violation_seconds_total")
 _ACTIVE = Row(
     "gpuwatch_gpu_sm_active_ratio",
     "gpuwatch_gpu_sm_occupancy_ratio",

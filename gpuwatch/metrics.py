@@ -98,6 +98,13 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "reason"),
         "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll.",
     ),
+    _m(
+        "gpuwatch_gpu_thermal_violation_seconds_total",
+        "counter",
+        GPU,
+        "NVIDIA: time thermal constraints held clocks down since the driver loaded, as NVML counts it "
+        "(NVML_FI_DEV_PERF_POLICY_THERMAL: software and hardware thermal slowdown as one counter).",
+    ),
     # Utilization, memory, modes
     _m("gpuwatch_gpu_utilization_ratio", "gauge", GPU, "Compute busy share 0-1."),
     _m("gpuwatch_gpu_memory_utilization_ratio", "gauge", GPU, "Memory controller busy share 0-1."),

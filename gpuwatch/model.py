@@ -73,6 +73,9 @@ class GpuSample:
     throttle_active: dict[str, bool] = field(default_factory=dict)
     # The device's own cumulative throttle time per reason, where it keeps one (NVML counters, AMD residency).
     throttle_counter_seconds: dict[str, float] = field(default_factory=dict)
+    # NVIDIA's thermal violation counter (NVML_FI_DEV_PERF_POLICY_THERMAL / NVML_PERF_POLICY_THERMAL): every thermal
+    # reason as one, since the driver loaded; what DCGM reads for DCGM_FI_DEV_THERMAL_VIOLATION.
+    thermal_violation_seconds: float | None = None
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None

@@ -102,6 +102,11 @@ def test_values_and_units_are_what_dcgm_reads_from_nvml(sim_and_nvml: tuple[SimA
             "DCGM_FI_DEV_POWER_VIOLATION": nvml.nvmlDeviceGetViolationStatus(
                 handle, nvml.NVML_PERF_POLICY_POWER
             ).violationTime,
+            # DCGM reads NVML_FI_DEV_PERF_POLICY_THERMAL (75) for it (dcgmlib/src/dcgm_fields.cpp 2383-2388,
+            # DCGM 4.6.0): the thermal policy's violation time, ns, since the driver loaded
+            "DCGM_FI_DEV_THERMAL_VIOLATION": nvml.nvmlDeviceGetViolationStatus(
+                handle, nvml.NVML_PERF_POLICY_THERMAL
+            ).violationTime,
         }
         for name, value in expected.items():
             assert (name, str(index)) in series, f"{name} of GPU {index} missing"
@@ -322,5 +327,22 @@ def test_amd_gpus_get_the_fields_whose_meaning_holds(tmp_path: Path) -> None:
             assert clock is not None and series[("DCGM_FI_DEV_SM_CLOCK", str(index))][1] == round(clock / 1e6)
             used = sim.value("gpuwatch_gpu_memory_used_bytes", index)
             assert used is not None and series[("DCGM_FI_DEV_FB_USED", str(index))][1] == int(used) >> MIB_SHIFT
+    finally:
+        sim.close()
+
+
+def test_thermal_violation_is_nvmls_thermal_policy_counter_not_the_sw_thermal_reason(tmp_path: Path) -> None:
+    """From R580.82 NVML counts software thermal slowdown on its own (field 269), and gpuwatch's sw_thermal reads it;
+    DCGM_FI_DEV_THERMAL_VIOLATION stays field 75, NVML_FI_DEV_PERF_POLICY_THERMAL (dcgmlib/src/dcgm_fields.cpp
+    2383-2388). With the two counters apart on GPU 0, the DCGM field is 75's, in ns."""
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, probe={"interval_seconds": 0})
+    try:
+        ull = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        sim.node.faults.field(75, value=7_000_000_000, value_type=ull, gpu=0)
+        sim.node.faults.field(269, value=2_000_000_000, value_type=ull, gpu=0)
+        sim.run(3.0)
+        series = dcgm_series(sim)
+        assert series[("DCGM_FI_DEV_THERMAL_VIOLATION", "0")][1] == 7_000_000_000
+        assert sim.value("gpuwatch_gpu_thermal_violation_seconds_total", 0) == 7.0
     finally:
         sim.close()

@@ -96,14 +96,39 @@ def _shape(value: Any) -> Any:
     return type(value).__name__
 
 
+# Fields the backend asks on every poll since the trace was recorded: the real H100 answered each of them when the
+# backend asked every candidate at open (its first nvmlDeviceGetFieldValues in the trace), which stands for them here.
+ASKED_SINCE = {75: "the combined thermal counter, DCGM_FI_DEV_THERMAL_VIOLATION's (issue 30)"}
+
+
+def _without_newer_fields(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """The simulated call as the backend made it when the trace was recorded: without the fields asked since."""
+    if sim["function"] != "nvmlDeviceGetFieldValues" or not isinstance(sim.get("value"), list):
+        return sim
+    asked = {f["fieldId"] for f in real["value"]}
+    return {**sim, "value": [f for f in sim["value"] if f["fieldId"] in asked or f["fieldId"] not in ASKED_SINCE]}
+
+
 def _pairs(simulated: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each real call beside the simulated call of the same function, phase and position."""
     sim = _by_call(simulated)
     return [
-        (real, other)
+        (real, _without_newer_fields(real, other))
         for key, entries in _by_call(REAL).items()
         for real, other in zip(entries, sim.get(key, []), strict=False)
     ]
+
+
+def test_fields_asked_since_the_trace_answer_as_the_h100_did_at_open(simulated: list[dict[str, Any]]) -> None:
+    """A field the backend asks on every poll since the trace was recorded answers each poll as the real H100 answered
+    it at open (same nvmlReturn, valueType and whether a timestamp is set): the H100 supports it."""
+    opened = next(r for r in REAL if r["function"] == "nvmlDeviceGetFieldValues" and r["phase"] == "open")
+    real = {f["fieldId"]: (f["nvmlReturn"], f["valueType"], f["timestamp"] > 0) for f in opened["value"]}
+    polls = [e for e in simulated if e["function"] == "nvmlDeviceGetFieldValues" and e["phase"] == "fast poll"]
+    for field_id in ASKED_SINCE:
+        answers = [(f["nvmlReturn"], f["valueType"], f["timestamp"] > 0) for e in polls for f in e["value"]
+                   if f["fieldId"] == field_id]  # fmt: skip
+        assert answers and all(a == real[field_id] for a in answers), (field_id, answers, real[field_id])
 
 
 def test_the_backend_makes_the_same_calls_over_both(simulated: list[dict[str, Any]]) -> None:

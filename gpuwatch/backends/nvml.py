@@ -29,6 +29,7 @@ from gpuwatch.backends.nvml_tables import (
     _CLOCKS,
     _CORRUPTED_INFOROM,
     _FI_PCIE_ERRORS,
+    _FI_PERF_POLICY_THERMAL,
     _FUNCTION_NOT_FOUND,
     _GPU_FAILURES,
     _INSUFFICIENT_POWER,
@@ -87,6 +88,7 @@ class NvmlBackend(NvmlGpmTier):
             is not None
         )
         self._event_set: Any = None  # shared with the event thread under self._events_lock
+        self._thermal_policy = _constant(lib, "NVML_PERF_POLICY_THERMAL")  # the combined thermal violation policy
 
     # ----- the choke point -----
 
@@ -376,7 +378,9 @@ class NvmlBackend(NvmlGpmTier):
             elif policy is not None and (policy_type := getattr(self._lib, policy, None)) is not None:
                 gpu.violation_policies[int(policy_type)] = reason
         memory_temp = tuple(i for i in (ids.memory_temp,) if i in supported)
-        gpu.fast_fields = memory_temp + tuple(gpu.counter_fields)
+        # The combined thermal counter too where sw_thermal has its own (R580.82 on): DCGM_FI_DEV_THERMAL_VIOLATION.
+        thermal = tuple(i for i in (_FI_PERF_POLICY_THERMAL,) if i in supported and i not in gpu.counter_fields)
+        gpu.fast_fields = memory_temp + tuple(gpu.counter_fields) + thermal
         slow = (ids.recovery_action, ids.l0_recovery, *_FI_PCIE_ERRORS)
         gpu.slow_fields = tuple(i for i in slow if i in supported)
 
@@ -433,6 +437,12 @@ class NvmlBackend(NvmlGpmTier):
         for policy, reason in gpu.violation_policies.items():
             if (violation := self._call(gpu, "nvmlDeviceGetViolationStatus", policy)) is not None:
                 sample.throttle_counter_seconds[reason] = violation.violationTime / 1e9
+                if policy == self._thermal_policy:
+                    sample.thermal_violation_seconds = violation.violationTime / 1e9
+        # The combined thermal counter, asked with the fields every poll (it stands in for sw_thermal on drivers
+        # without the per-reason one, so it is always a candidate).
+        if (nanoseconds := fields.get(_FI_PERF_POLICY_THERMAL)) is not None:
+            sample.thermal_violation_seconds = nanoseconds / 1e9
 
     def _read_usage(self, gpu: _Gpu, sample: GpuSample) -> None:
         if (rates := self._call(gpu, "nvmlDeviceGetUtilizationRates")) is not None:
