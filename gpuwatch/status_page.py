@@ -37,13 +37,16 @@ from gpuwatch.verdict import BENIGN_REASONS, Finding, ago, judge_rail, rail_limi
 REFRESH_SECONDS = 10
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:95em}
+body{font-family:system-ui,sans-serif;margin:1em;color:#222;max-width:95em}
 h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:1.2em 0 .2em}p{margin:.3em 0}
-table{border-collapse:collapse;margin-top:.8em}td,th{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:right;
+table{border-collapse:collapse;margin-top:.8em}td,th{padding:.3em .35em;border-bottom:1px solid #ddd;text-align:right;
 vertical-align:top}th{background:#f4f4f4;font-weight:600}td.l,th.l{text-align:left}
-th,td{white-space:nowrap}td.health{white-space:normal;min-width:22em;max-width:40em}td.wrap{white-space:normal;min-width:8em}
+td{white-space:nowrap}td.health{white-space:normal;min-width:14em;max-width:30em}td.wrap{white-space:normal;min-width:6em}
+td.gpu{white-space:normal;min-width:10em;max-width:14em}
 small{color:#666;font-weight:normal}tr.row-bad td{background:#fdecee}tr.row-warn td{background:#fff6e0}
-.uuid{font-family:ui-monospace,monospace;font-size:.75em;color:#666}
+.uuid{font-family:ui-monospace,monospace;font-size:.75em;color:#666;word-break:break-all}
+@media print{body{margin:0;font-size:9pt;max-width:none}td.health{min-width:12em}a{color:inherit}
+tr{break-inside:avoid}}@page{size:landscape;margin:1cm}
 .flag{display:inline-block;margin:0 .3em .2em 0;padding:.05em .45em;border-radius:.3em}
 .bad{background:#b00020;color:#fff}.warn{background:#e08600;color:#fff}.ok{background:#1b5e20;color:#fff}
 .info{background:#ddd;color:#333}.todo{display:block;font-size:.85em;color:#444;margin:0 0 .4em .2em}
@@ -164,7 +167,7 @@ def _pcie_cell(v: GpuView) -> str:
     if not gen and not width:
         return '<span class="muted">–</span>'
     now = f"gen {gen.get('current', '–')} x{width.get('current', '–')}"
-    return f"{now} <small>/ gen {gen.get('max', '–')} x{width.get('max', '–')}</small>"
+    return f"{now}<br><small>max gen {gen.get('max', '–')} x{width.get('max', '–')}</small>"
 
 
 Cell = Callable[[GpuView], str]
@@ -260,7 +263,7 @@ def render_status_page(snap: StoreSnapshot) -> str:
             else ""
         )
         attention += any(f.attention for f in flags)
-        cells = [f'<td class="l">{_gpu_cell(v)}</td>', f'<td class="l health">{_health_cell(v)}</td>']
+        cells = [f'<td class="l gpu">{_gpu_cell(v)}</td>', f'<td class="l health">{_health_cell(v)}</td>']
         if v.sample is None:
             cells.append(f'<td class="l muted" colspan="{len(COLUMNS)}">no readings</td>')
         else:

@@ -138,10 +138,20 @@ class Browser:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})  # type: ignore[no-any-return]
 
-    def page(self, url: str) -> tuple[str, bytes]:
-        target = self.call("Target.createTarget", {"url": url})["targetId"]
+    def page(self, url: str, width: int | None = None, media: str | None = None) -> tuple[str, bytes]:
+        """The page's DOM and a screenshot; `width` sets the window's CSS width, `media` emulates a CSS media type
+        ("print") before the page loads."""
+        emulated = width is not None or media is not None
+        target = self.call("Target.createTarget", {"url": "about:blank" if emulated else url})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         try:
+            if width is not None:
+                metrics = {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+                self.call("Emulation.setDeviceMetricsOverride", metrics, session)
+            if media is not None:
+                self.call("Emulation.setEmulatedMedia", {"media": media}, session)
+            if emulated:
+                self.call("Page.navigate", {"url": url}, session)
             deadline = time.monotonic() + 30
             dom = None
             while dom is None:

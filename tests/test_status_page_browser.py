@@ -6,6 +6,7 @@ Screenshots are kept in pytest's tmp dir (printed with -s) for a person to look 
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cdp import Browser, save
@@ -200,6 +202,49 @@ def test_every_fault_scenario_names_the_fault_the_gpu_and_the_remedy(
         assert "no GPU seen of 8 expected" in page.summary, page.summary
     if scenario == "psu_undervoltage":  # the host's rails against their limits, the sagging one marked
         assert re.search(r'<tr class="row-bad"><td class="l">vout1 .*?11\.20 V', dom), dom
+
+
+@pytest.mark.parametrize(("width", "media"), [(1280, "screen"), (1000, "print")])
+def test_the_page_fits_a_laptop_screen_and_a_printed_page(
+    width: int, media: str, nodes: dict[str, tuple[subprocess.Popen[bytes], str]], browser: Browser, shots: Path
+) -> None:
+    """The mixed node's page (three GPUs with findings, probe results) needs no horizontal scrolling in a 1,280 px
+    window, and printed (landscape A4 at 96 dpi, less the page's margins: about 1,000 CSS px) nothing is cut off:
+    every column of the GPU table is on the page."""
+    proc, url = nodes["mixed"]
+    _page_when(url, proc, "3 of 8 GPUs need attention", timeout=90)
+    _, png = browser.page(url, width=width, media=media)
+    print(f"\nscreenshot: {save(shots / f'mixed-{width}-{media}.png', png)}")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    measured = _measure(browser, url, width, media)
+    assert measured["page"] <= measured["window"], measured
+    assert all(right <= measured["window"] for right in measured["columns"]), measured
+
+
+def _measure(browser: Browser, url: str, width: int, media: str) -> dict[str, Any]:
+    """The document's scroll width, the window's width and the right edge of every GPU table header cell."""
+    target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    try:
+        metrics = {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+        browser.call("Emulation.setDeviceMetricsOverride", metrics, session)
+        browser.call("Emulation.setEmulatedMedia", {"media": media}, session)
+        browser.call("Page.navigate", {"url": url}, session)
+        expression = (
+            "document.readyState === 'complete' && document.querySelector('table') ? JSON.stringify({"
+            "page: document.documentElement.scrollWidth, window: window.innerWidth, columns: "
+            "[...document.querySelector('table').rows[0].cells].map(c => c.getBoundingClientRect().right)}) : null"
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            value = browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+            found = value["result"].get("value")
+            if isinstance(found, str):
+                return dict(json.loads(found))
+            assert time.monotonic() < deadline, f"{url} never loaded at {width} px"
+            time.sleep(0.1)
+    finally:
+        browser.call("Target.closeTarget", {"targetId": target})
 
 
 @pytest.mark.parametrize("scenario", HEALTHY)
