@@ -2,8 +2,9 @@
 # Install gpuwatch as a hardened systemd service on this node (Debian, Ubuntu, RHEL and derivatives), or remove it.
 #
 #   sudo bash deploy/install.sh                       # from a checkout or an unpacked sdist: installs that tree
-#   curl -fsSL https://raw.githubusercontent.com/gpuwatch/gpuwatch/main/deploy/install.sh \
-#     | sudo bash -s -- --extras nvidia               # alone (piped, or a lone copy): gpuwatch-agent from PyPI
+#   curl -fsSL "$INSTALL_SH_URL" | sudo bash -s -- --extras nvidia
+#                                                     # alone (piped from wherever you host this file, or a lone
+#                                                     # copy): gpuwatch-agent from PyPI
 #   sudo bash deploy/install.sh --uninstall [--purge] # remove it (see below)
 #
 # Alone, the script installs the distribution gpuwatch-agent from PyPI (PyPI's "gpuwatch" is another project) and
