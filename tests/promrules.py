@@ -18,6 +18,19 @@ RULE_FILES = ("gpuwatch-rules.yml", "gpuwatch-alerts.yml")
 SPEC_NAMES = ROOT / "tests" / "fixtures" / "spec-names.json"
 
 
+def threshold_records(path: Path = PROM_DIR / "gpuwatch-rules.yml") -> dict[str, float]:
+    """The rules' gpuwatch:threshold:<name> records and their numbers (each a `vector(N)`), by <name>."""
+    out = {}
+    for group in yaml.safe_load(path.read_text())["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("record", "")
+            if name.startswith("gpuwatch:threshold:"):
+                found = re.fullmatch(r"vector\(([-0-9.e]+)\)", rule["expr"].strip())
+                assert found, rule
+                out[name.removeprefix("gpuwatch:threshold:")] = float(found.group(1))
+    return out
+
+
 def spec_alerts(path: Path = SPEC_NAMES) -> dict[str, str]:
     """Alert name -> severity, as first agreed (the names only grow; none is renamed)."""
     alerts: dict[str, str] = json.loads(path.read_text())["alerts"]

@@ -22,6 +22,7 @@ from dashboard_queries import (
     recorded_rules,
     substitute,
 )
+from promrules import threshold_records
 from test_metrics_spec import spec_metrics
 
 DS_UID = "${datasource}"
@@ -207,23 +208,6 @@ def test_provisioning_files() -> None:
     assert datasource["datasources"][0]["type"] == "prometheus"
 
 
-def _threshold_records() -> dict[str, float]:
-    """The rules' gpuwatch:threshold:<name> records and their numbers, read from the shipped rules file."""
-    import re
-
-    from dashboard_queries import RULES_FILE
-
-    out = {}
-    for group in yaml.safe_load(RULES_FILE.read_text())["groups"]:
-        for rule in group["rules"]:
-            name = rule.get("record", "")
-            if name.startswith("gpuwatch:threshold:"):
-                found = re.fullmatch(r"vector\(([-0-9.e]+)\)", rule["expr"].strip())
-                assert found, rule
-                out[name.removeprefix("gpuwatch:threshold:")] = float(found.group(1))
-    return out
-
-
 def _steps(thresholds: dict[str, Any]) -> list[float]:
     """The values of a Grafana thresholds object's steps (the first, the base, has none)."""
     return [s["value"] for s in thresholds.get("steps", []) if s.get("value") is not None]
@@ -246,7 +230,7 @@ def test_the_dashboards_colour_where_the_alerts_fire() -> None:
     """Every threshold a dashboard draws is the number of the rules' record it stands for (issue 30: the dashboards
     had 0.95 and 5 °C written in while the recording rules hold the thresholds), and no query multiplies by a literal
     ratio where a gpuwatch:threshold:* record exists."""
-    records = _threshold_records()
+    records = threshold_records()
     boards = dashboards()
     for (board, title, column), record in PANEL_THRESHOLDS.items():
         panel = next(p for p in panels(boards[board]) if p["title"] == title)

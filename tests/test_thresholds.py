@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import yaml
+from promrules import threshold_records
 
 from gpuwatch import xid_catalogue
 from gpuwatch.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
@@ -28,15 +29,7 @@ ALERTS = ROOT / "deploy/prometheus/gpuwatch-alerts.yml"
 
 
 def _records() -> dict[str, float]:
-    out = {}
-    for group in yaml.safe_load(RULES.read_text())["groups"]:
-        for rule in group["rules"]:
-            name = rule.get("record", "")
-            if name.startswith("gpuwatch:threshold:"):
-                match = re.fullmatch(r"vector\(([-0-9.e]+)\)", rule["expr"].strip())
-                assert match, rule
-                out[name.removeprefix("gpuwatch:threshold:")] = float(match.group(1))
-    return out
+    return threshold_records(RULES)
 
 
 def _alerts() -> dict[str, dict[str, object]]:
