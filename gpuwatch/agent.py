@@ -102,6 +102,7 @@ class Agent:
         metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
         page = lambda: status_page(self.store.snapshot())  # noqa: E731
         app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
+        app = _noting_stuck_calls(app, self._note_stuck_calls)
         wrap_socket = None
         if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
             from gpuwatch.webconfig import apply_web_config
@@ -207,6 +208,11 @@ class Agent:
         if events is not None:
             events.read_once(slot, timeout_s)
 
+    def _note_stuck_calls(self) -> None:
+        """Whether a poll hangs in a vendor call, into the store before a request reads it: the poll thread cannot
+        say so while it hangs, and asking from each request costs an idle agent no wake."""
+        self.store.set_stuck_calls(self.vendors.stuck_calls(self._clock()))
+
     # --- health and reload ---------------------------------------------------------------------------------
 
     def health(self) -> tuple[bool, str]:
@@ -260,3 +266,13 @@ def status_page(snapshot: StoreSnapshot) -> str:
     from gpuwatch.status_page import render_status_page
 
     return render_status_page(snapshot)
+
+
+def _noting_stuck_calls(app: Callable[..., Any], note: Callable[[], None]) -> Callable[..., Any]:
+    """The WSGI app, with `note` run before each request: every page (metrics, status, health) sees a hung poll."""
+
+    def noting(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        note()
+        return app(environ, start_response)
+
+    return noting

@@ -56,6 +56,7 @@ SCENARIO_SUMMARIES = {
     "ecc_uncorrectable": "GPU 2 counts uncorrectable ECC errors",
     "row_remap_failure": "GPU 2: a row remap failed, one pending",
     "gpu_lost": "GPU 2 stops answering at 6 s",
+    "nvml_hang": "from 5 s, GPU 2's temperature call never returns: the poll hangs",
     "backend_down": "the vendor library is missing (no driver)",
     "training": "every GPU trains: tensor pipes active ~0.8",
     "dataloader_starved": "GPU 2 at 100 % utilization with SM active ~0.13 (starved of input)",
@@ -398,8 +399,10 @@ def _run_agent(config: Config, path: Path | None, overrides: dict[str, dict[str,
 
 
 def _exit_even_if_a_vendor_call_hangs(code: int = EXIT_OK) -> None:
-    """A poll thread stuck in a driver call would block interpreter exit forever; leave without joining it."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    """A poll thread stuck in a driver call would block interpreter exit forever; leave without joining it. Daemon
+    threads count too: APScheduler's pool workers are daemons (its scheduler thread is), yet concurrent.futures joins
+    every worker at interpreter exit (threading._register_atexit), so a worker hung in NVML held the exit forever."""
+    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

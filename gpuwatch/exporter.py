@@ -116,8 +116,18 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
 def _self_health(snap: StoreSnapshot, out: _Out) -> None:
     for backend, (up, _message) in sorted(snap.backends.items()):
         out.add("gpuwatch_backend_up", (backend,), up)
-    detected = {_physical_gpu(identity) for uuid, identity in snap.identities.items() if snap.fresh(uuid) is not None}
+    # While a poll hangs in a vendor call its GPUs' readings go stale, but the library has not lost them: the GPUs it
+    # last answered for stay detected, so a hang never reads as missing GPUs (GpuwatchVendorCallHung names it).
+    hung = bool(snap.stuck_calls)
+    detected = {
+        _physical_gpu(identity)
+        for uuid, identity in snap.identities.items()
+        if snap.fresh(uuid) is not None or (hung and uuid in snap.samples and uuid not in snap.gpu_errors)
+    }
     out.add("gpuwatch_gpus_detected", (), len(detected) + len(snap.unusable))  # present, if unusable
+    for call in snap.stuck_calls:
+        labels = (call.backend, call.call, call.gpu, call.uuid)
+        out.add("gpuwatch_vendor_call_stuck_since_timestamp_seconds", labels, call.since)
     for (switch, sxid), count in sorted(snap.sxids.items()):
         out.add("gpuwatch_nvswitch_sxid_errors_total", (switch, xid_label(sxid)), count.total)
         out.add("gpuwatch_nvswitch_sxid_last_timestamp_seconds", (switch, xid_label(sxid)), count.last_timestamp)

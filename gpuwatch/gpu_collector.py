@@ -15,12 +15,18 @@ from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.collector import CheckLine, CollectorContext, Every
 from gpuwatch.config import Config
 from gpuwatch.latch import Latch
+from gpuwatch.model import StuckCall
 from gpuwatch.sources import BackendSlot, NodeSources
-from gpuwatch.store import SampleStore
+from gpuwatch.store import STALE_AFTER_POLLS, SampleStore
 
 log = logging.getLogger("gpuwatch.agent")  # the lines operators know, under the agent's logger
 
 MAX_BACKOFF_SECONDS = 60.0
+# A read lasts milliseconds; one still running after this many poll intervals (and at least this many seconds) is a
+# call hung in the driver (stuck_calls). One interval less than readings take to go stale (STALE_AFTER_POLLS): the
+# hung poll began an interval after the last readings, so the hang is known as soon as they are stale.
+STUCK_AFTER_POLLS = STALE_AFTER_POLLS - 1
+STUCK_MIN_SECONDS = 1.0
 POLL_JOB = Every("poll")  # the agent's poll job: the vendors in turn, then the known-GPU file and the watchdog
 
 
@@ -56,6 +62,22 @@ class VendorCollectors:
         except Exception:
             log.exception("%s poll failed unexpectedly", slot.name)
             return False
+
+    def stuck_calls(self, wall_now: float) -> tuple[StuckCall, ...]:
+        """The vendor calls the poll has been in for STUCK_AFTER_POLLS poll intervals or more (at least
+        STUCK_MIN_SECONDS): asked from the HTTP threads, so a hung poll is seen while it hangs."""
+        min_seconds = max(STUCK_MIN_SECONDS, STUCK_AFTER_POLLS * self.poll_interval_seconds())
+        out = []
+        for slot in self.slots:
+            backend = slot.backend
+            stuck = getattr(backend, "stuck_read", None)
+            found = stuck(min_seconds) if stuck is not None else None
+            if found is None:
+                continue
+            identity, call, seconds = found
+            gpu, uuid = ("", "") if identity is None else (str(identity.index), identity.uuid)
+            out.append(StuckCall(slot.name, call or "unknown", gpu, uuid, round(wall_now - seconds, 3)))
+        return tuple(out)
 
     def close(self) -> None:
         for slot in self.slots:

@@ -42,7 +42,19 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
-    _m("gpuwatch_gpus_detected", "gauge", (), "GPUs the vendor libraries see now."),
+    _m(
+        "gpuwatch_gpus_detected",
+        "gauge",
+        (),
+        "GPUs the vendor libraries see now (while a poll hangs in a call, the ones they last answered for).",
+    ),
+    _m(
+        "gpuwatch_vendor_call_stuck_since_timestamp_seconds",
+        "gauge",
+        ("backend", "call", "gpu", "uuid"),
+        "Present while a poll hangs in a vendor library call (2 poll intervals, at least 1 s): when the read of the "
+        "GPU it is in began (gpu and uuid empty for a library-wide call).",
+    ),
     _m(
         "gpuwatch_gpu_insufficient_power",
         "gauge",

@@ -176,6 +176,18 @@ class UnusableGpu:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckCall:
+    """A vendor library call the poll has been in for far longer than a read takes: hung in the driver. `gpu` and
+    `uuid` name the GPU being read ("" for a library-wide call); `since` is the unix time its read began."""
+
+    backend: str
+    call: str
+    gpu: str
+    uuid: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuEvent:
     """Something that happened to a GPU at a moment: an XID error (NVIDIA) or a reset (AMD)."""
 

@@ -94,6 +94,10 @@ SCENARIOS: dict[str, ScenarioInfo] = {
         _single("idle_allocated", "a process holds 72 GiB of GPU memory and runs nothing: SM active 0, utilization 0"),
         _single("row_remap_failure", "a row remap failed, one pending, from the start; driver asks for a GPU reset"),
         _single("gpu_lost", "the GPU stops answering (GPU is lost) at 6 s; it stays on the PCI bus"),
+        _single(
+            "nvml_hang",
+            "from 5 s a vendor library call on the GPU (its temperature) never returns: the poll hangs in the driver",
+        ),
         ScenarioInfo("backend_down", "the vendor library is missing: init fails (NVML LibraryNotFound)", None, True),
     )
 }

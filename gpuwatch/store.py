@@ -13,7 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, GpuWorkload, HostSample, UnusableGpu
+from gpuwatch.model import (
+    GpuEvent,
+    GpuIdentity,
+    GpuReading,
+    GpuSample,
+    GpuWorkload,
+    HostSample,
+    StuckCall,
+    UnusableGpu,
+)
 from gpuwatch.probebook import ProbeBook, ProbeView
 from gpuwatch.xid import fold_xid
 
@@ -65,6 +74,7 @@ class StoreSnapshot:
     host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
     workloads: dict[str, tuple[GpuWorkload, ...]] = field(default_factory=dict)  # uuid -> its workloads (bounded)
+    stuck_calls: tuple[StuckCall, ...] = ()  # vendor calls a poll hangs in (VendorCollectors.stuck_calls)
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -85,6 +95,7 @@ class SampleStore:
         self._identities: dict[str, GpuIdentity] = {}
         self._samples: dict[str, GpuSample] = {}
         self._errors: dict[str, str] = {}
+        self._stuck_calls: tuple[StuckCall, ...] = ()
         self._throttle: dict[str, dict[str, float]] = {}
         self._xids: dict[tuple[str, int], XidCount] = {}
         self._xid_seen: dict[tuple[str, int], list[tuple[float, str]]] = {}
@@ -281,4 +292,10 @@ class SampleStore:
                 ),
                 probe=self.probe.view(),
                 workloads=dict(self._workloads),
+                stuck_calls=self._stuck_calls,
             )
+
+    def set_stuck_calls(self, calls: tuple[StuckCall, ...]) -> None:
+        """The vendor calls a poll hangs in now (none once it returns)."""
+        with self._lock:
+            self._stuck_calls = calls

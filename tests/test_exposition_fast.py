@@ -15,13 +15,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
-from simnode import SimAgent
+from simnode import IN_THREAD_SCENARIOS, SimAgent
 
 from gpuwatch import exposition_fast
 from gpuwatch.exporter import GpuwatchCollector, export
 from gpuwatch.exposition_fast import Row, SeriesLines, fast_format, render
 from gpuwatch.metrics import CATALOGUE
-from gpuwatch.scenario_catalogue import SCENARIOS
 
 ACCEPTS = {
     "classic text (curl, Prometheus < 2.5)": "",
@@ -43,7 +42,7 @@ def library_and_fast(collector: Collector, accept: str) -> tuple[bytes, bytes | 
 
 
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("scenario", IN_THREAD_SCENARIOS)
 def test_every_scenario_renders_exactly_as_the_library_does(tmp_path: Path, scenario: str, vendor: str) -> None:
     sim = SimAgent(tmp_path, scenario=scenario, gpus=3, vendor=vendor, probe={"interval_seconds": 60.0})
     try:

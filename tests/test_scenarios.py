@@ -59,6 +59,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "power_limit_low", "psu_undervoltage", "underperforming", "pcie_degraded", "xid", "ecc_uncorrectable",
         "row_remap_failure", "gpu_lost", "backend_down",
         "training", "dataloader_starved", "idle_allocated",  # issue 17: real utilization
+        "nvml_hang",  # issue 30: a vendor call that never returns
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 

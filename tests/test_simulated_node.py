@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simnode import IN_THREAD_SCENARIOS
 
 from gpuwatch.model import THROTTLE_REASONS
 from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
@@ -828,7 +829,7 @@ def _counters(lib: Any, h: Any) -> list[int]:
 
 @settings(max_examples=15, deadline=None)
 @given(
-    scenario=st.sampled_from(sorted(set(SCENARIOS) - {"backend_down", "gpu_lost"})),
+    scenario=st.sampled_from(sorted(set(IN_THREAD_SCENARIOS) - {"backend_down", "gpu_lost"})),
     steps=st.lists(st.floats(min_value=0.0, max_value=7.0), min_size=2, max_size=25),
 )
 def test_counters_never_decrease(scenario: str, steps: list[float]) -> None:

@@ -112,6 +112,8 @@ class AmdSmiBackend(TieredBackend[_Gpu]):
 
     def _invoke(self, gpu: _Gpu | None, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Every AMD SMI call of the backend passes here."""
+        if gpu is not None:  # the poll's reads (stuck_read), not another thread's library-wide calls
+            self.calling = name
         key = (name, *args)
         if gpu is not None and key in gpu.unsupported:
             raise _Unavailable(f"{name}: not supported (remembered)")

@@ -98,6 +98,8 @@ class NvmlBackend(NvmlGpmTier):
         """Call the first of ``names`` the library and driver have; every NVML call of the backend passes
         here. A later name is tried only where the earlier function does not exist (FunctionNotFound,
         NVMLLibraryMismatchError)."""
+        if gpu is not None:  # the poll's reads (stuck_read); the event thread's wait (no GPU) must not overwrite it
+            self.calling = names if names.__class__ is str else names[0]
         frozen_kwargs = tuple(sorted(kwargs.items())) if kwargs else ()
         candidates = self._resolved.get((names, frozen_kwargs))
         if candidates is None:

@@ -67,6 +67,11 @@ class TieredBackend(Generic[G]):
         # so close() never frees it under a waiting thread.
         self._events_lock = threading.Lock()
         self._uuid_by_handle: dict[Hashable, str] = {}
+        # What the poll thread is doing, for a watcher in another thread (stuck_read): the GPU being read (None: the
+        # driver check) and when that began on the monotonic clock, and the library call the choke point is in.
+        # Plain attribute stores, atomic in CPython: the poll's hot path pays one per call, and takes no lock.
+        self.reading: tuple[GpuIdentity | None, float] | None = None
+        self.calling = ""
 
     # ----- the choke point -----
 
@@ -92,9 +97,22 @@ class TieredBackend(Generic[G]):
         """Read every GPU: fast tier always, slow tier when asked (and on the first poll of each GPU)."""
         if not self._open:
             raise BackendUnavailable(f"the {self.label} backend is not open")
-        if slow:
-            self._check_driver()
-        return [self._poll_gpu(gpu, slow) for gpu in self._gpus]
+        try:
+            if slow:
+                self.reading, self.calling = (None, time.monotonic()), "driver_check"
+                self._check_driver()
+            return [self._poll_gpu(gpu, slow) for gpu in self._gpus]
+        finally:
+            self.reading = None
+
+    def stuck_read(self, min_seconds: float) -> tuple[GpuIdentity | None, str, float] | None:
+        """The poll's read in progress when it has gone on for `min_seconds` or more: (the GPU, or None for a
+        library-wide call; the call it is in; seconds since the GPU's read began). A read is a few milliseconds;
+        one that lasts seconds is a call hung in the driver."""
+        reading, call = self.reading, self.calling  # read once: the poll thread moves on meanwhile
+        if reading is None or (elapsed := time.monotonic() - reading[1]) < min_seconds:
+            return None
+        return reading[0], call, elapsed
 
     def wait_events(self, timeout_s: float) -> list[GpuEvent]:
         """Block up to timeout_s for events; [] on timeout, on a lost GPU and without event support."""
@@ -127,6 +145,7 @@ class TieredBackend(Generic[G]):
         return gpu
 
     def _poll_gpu(self, gpu: G, slow: bool) -> GpuReading:
+        self.reading = (gpu.identity, time.monotonic())
         try:
             sample = self._read(gpu, slow)  # may re-read the identity
             return GpuReading(gpu.identity, sample)

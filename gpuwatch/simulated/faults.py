@@ -9,6 +9,7 @@ is driven from the test thread while the agent's threads call in, so every metho
     node.faults.fail("nvmlDeviceGetFieldValues", NVML_ERROR_TIMEOUT, gpu=2, times=1)
     node.faults.hang("nvmlDeviceGetTemperature", gpu=2)   # blocks until node.faults.release()
     node.faults.hang("*", seconds=5.0)                     # every call takes 5 s (release() cuts it short)
+    node.faults.hang("nvmlDeviceGetTemperature", gpu=2, after=5.0)  # from 5 s into the node's life
     node.faults.lose_gpu(3); node.faults.restore_gpu(3)  # falls off the bus; the driver reload brings it back
     node.faults.set_library_missing(True)                 # init fails as if the driver were not installed
     node.faults.emit_xid(2, 79)                           # an XID event now
@@ -66,6 +67,7 @@ class HangRule:
     function: str
     gpu: int | None = None
     seconds: float | None = None
+    after: float | None = None  # node seconds from which the rule holds (None: at once)
     released: threading.Event = field(default_factory=threading.Event)
 
 
@@ -78,8 +80,10 @@ class FaultInjector:
         gpu_count: int,
         on_change: Callable[[], None],
         emit: Callable[[int, str, int | None], None],
+        elapsed: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._lock = threading.Lock()
+        self._elapsed = elapsed  # the node's seconds since start: when timed hang rules begin
         self._rng = random.Random(seed ^ 0x5EED_FA17)
         self._gpu_count = gpu_count
         self._on_change = on_change
@@ -167,11 +171,14 @@ class FaultInjector:
             self._fail_rules.clear()
 
     # --- hanging calls ----------------------------------------------------------------------------------------
-    def hang(self, function: str = "*", *, gpu: int | None = None, seconds: float | None = None) -> HangRule:
-        """Make matching calls block (as a GPU falling off the bus can hang the driver) until release()."""
+    def hang(
+        self, function: str = "*", *, gpu: int | None = None, seconds: float | None = None, after: float | None = None
+    ) -> HangRule:
+        """Make matching calls block (as a GPU falling off the bus can hang the driver) until release(); from
+        `after` node seconds on, when given (a scenario's hang that starts once the agent is up)."""
         if gpu is not None:
             self._check_gpu(gpu)
-        rule = HangRule(function=function, gpu=gpu, seconds=seconds)
+        rule = HangRule(function=function, gpu=gpu, seconds=seconds, after=after)
         with self._lock:
             self._hang_rules.append(rule)
         return rule
@@ -311,7 +318,14 @@ class FaultInjector:
         """
         while True:
             with self._lock:
-                hang = next((r for r in self._hang_rules if _matches(r.function, r.gpu, names, gpu)), None)
+                hang = next(
+                    (
+                        r
+                        for r in self._hang_rules
+                        if _matches(r.function, r.gpu, names, gpu) and (r.after is None or self._elapsed() >= r.after)
+                    ),
+                    None,
+                )
                 if hang is None:
                     break
                 self._blocked += 1

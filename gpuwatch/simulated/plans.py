@@ -8,6 +8,9 @@ from dataclasses import replace
 from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
 from gpuwatch.simulated.physics import GpuPlan
 
+# nvml_hang: after the agent's first complete polls, so it starts with every GPU known.
+HANG_AFTER_S = 5.0
+
 
 def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
     """What each GPU of the node does in a scenario; faults aimed at GPUs the node lacks are dropped."""
@@ -54,6 +57,8 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
         put(fault_gpu, work="idle_allocated")
     elif scenario == "gpu_lost":
         put(fault_gpu, fault=scenario, lost_after_s=6.0)
+    elif scenario == "nvml_hang":
+        put(fault_gpu, hang_after_s=HANG_AFTER_S)
     return plans
 
 

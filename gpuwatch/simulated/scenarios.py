@@ -35,6 +35,10 @@ from gpuwatch.simulated.plans import NODE_ONLY_SCENARIOS, plans_for, with_gpu_sc
 __all__ = ["NODE_ONLY_SCENARIOS", "GpuSpec", "GpuState", "SimEvent", "SimulatedNode", "plans_for"]
 
 
+# nvml_hang: the call that hangs, as the simulated libraries name it: each poll's temperature read, on either vendor.
+HANG_CALLS = {"nvidia": "nvmlDeviceGetTemperature*", "amd": "amdsmi_get_temp_metric"}
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """What a GPU is and what it can do: fixed for the life of the node."""
@@ -208,7 +212,10 @@ class SimulatedNode:
         self._events.sort(key=lambda e: (e.elapsed, e.gpu))
         self._events = [replace(e, seq=n) for n, e in enumerate(self._events)]
         self._cache: dict[int, tuple[float, GpuState]] = {}
-        self.faults = FaultInjector(seed, gpus, self._notify, self._emit)
+        self.faults = FaultInjector(seed, gpus, self._notify, self._emit, elapsed=self.elapsed)
+        for index, plan in enumerate(self._plans):
+            if plan.hang_after_s is not None:  # a driver call that never returns on this GPU (scenario nvml_hang)
+                self.faults.hang(HANG_CALLS[vendor], gpu=index, after=plan.hang_after_s)
         self.clock_is_real = clock is time.monotonic
 
     # --- scenario facts ------------------------------------------------------------------------------------------
