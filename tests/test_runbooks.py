@@ -22,7 +22,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from ports import free_port
+from ports import free_port, free_port_range
 from prometheus_client import CollectorRegistry
 from promrules import PROM_DIR, ROOT, every_alert_rule, first_step, runbook_sections
 from test_alerts_e2e import _get, _poll, _stop, scale_durations
@@ -295,10 +295,11 @@ def test_the_document_cannot_put_a_script_on_the_page() -> None:
 # --- runbook_url on a real Prometheus: the operator's base, else an agent that answers -----------------------------
 
 
-def _prometheus(tmp: Path, name: str, external_labels: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    """A Prometheus evaluating the shipped alerts (durations shortened), whose gpuwatch job scrapes a port nobody
-    listens on (GpuwatchDown) and Prometheus itself (an agent that answers, as far as `up` tells)."""
-    port, dead = free_port(), free_port()
+def _prometheus(
+    tmp: Path, name: str, external_labels: dict[str, str], port: int, dead: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A Prometheus on `port` evaluating the shipped alerts (durations shortened), whose gpuwatch job scrapes `dead`,
+    a port nobody listens on (GpuwatchDown), and Prometheus itself (an agent that answers, as far as `up` tells)."""
     rules = tmp / f"{name}-alerts.yml"
     rules.write_text(scale_durations((PROM_DIR / "gpuwatch-alerts.yml").read_text(), 0.01))
     config = {
@@ -328,8 +329,11 @@ def _prometheus(tmp: Path, name: str, external_labels: dict[str, str]) -> tuple[
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus missing (apt-get install prometheus)")
 def test_prometheus_builds_runbook_url_from_the_external_label_else_an_agent_that_answers(tmp_path: Path) -> None:
-    with_base, base_address = _prometheus(tmp_path, "with-base", {"gpuwatch_runbook_base": WIKI})
-    default, default_address = _prometheus(tmp_path, "default", {})
+    # Four distinct ports below the ephemeral range, taken at once: a port one Prometheus is yet to bind must never
+    # be the other's "dead" target, nor a port a scrape's own client socket takes meanwhile.
+    first = free_port_range(4)
+    with_base, base_address = _prometheus(tmp_path, "with-base", {"gpuwatch_runbook_base": WIKI}, first, first + 1)
+    default, default_address = _prometheus(tmp_path, "default", {}, first + 2, first + 3)
     try:
 
         def runbook_urls(address: str) -> set[str]:
