@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+import gpuwatch
+
+_PACKAGE = Path(gpuwatch.__file__).resolve().parent  # the package, whichever module of it this is
 _INSTALLED = _PACKAGE / "_shipped"
 _CHECKOUT = _PACKAGE.parent
 
