@@ -92,9 +92,9 @@ METRICS_INTRO = """\
 # gpuwatch metrics
 
 Every metric gpuwatch exports, with its type, labels, unit and meaning, generated from the catalogue
-`gpuwatch/exposition/catalogue.py`. One schema for every vendor: an alert or a dashboard panel written once works on NVIDIA and AMD
-alike. Metrics may be added; none is renamed or re-labelled (`tests/fixtures/spec-names.json` keeps the names first
-agreed, and a test holds the catalogue to it).
+`gpuwatch/exposition/catalogue.py`. One schema for every vendor: an alert or a dashboard panel written once works on
+NVIDIA and AMD alike. Metrics may be added; none is renamed or re-labelled (`tests/fixtures/spec-names.json` keeps the
+names first agreed, and a test holds the catalogue to it).
 
 ## Conventions
 

@@ -56,7 +56,7 @@ def imports(name: str, path: Path, known: Iterable[str]) -> set[str]:
         for target in targets:
             while target and target not in known:  # `from a.b import name`: the module a.b
                 target = target.rpartition(".")[0]
-            if target and target != name and target.startswith(PACKAGE + ".") or target == PACKAGE:
+            if (target and target != name and target.startswith(PACKAGE + ".")) or target == PACKAGE:
                 out.add(target)
     out.discard(name)
     return out

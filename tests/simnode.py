@@ -57,8 +57,8 @@ class SimAgent:
         if probe is not None:
             overrides["probe"] = probe
         loaded = load_config(None, overrides)
-        # The one simulated-node factory (gpuwatch.simulated.node): its vendor backend (the real AMD SMI backend over the
-        # simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.
+        # The one simulated-node factory (gpuwatch.simulated.node): its vendor backend (the real AMD SMI backend over
+        # the simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.
         self.sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
         sources = self.sources
         self.slot = sources.slots[0]

@@ -19,11 +19,11 @@ from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.config.settings import load_config
 from gpuwatch.core.model import GpuSample
 from gpuwatch.service.agent import Agent
+from gpuwatch.service.nodes import build_sources
 from gpuwatch.simulated import amdsmi_readings
 from gpuwatch.simulated import node as simulation
 from gpuwatch.simulated.amdsmi_clib import SimulatedLibAmdSmi, Status
 from gpuwatch.simulated.amdsmi_sim import library_of, simulated_amdsmi
-from gpuwatch.service.nodes import build_sources
 from gpuwatch.simulated.node import VERSION_ENV, simulated_amd_slot
 from gpuwatch.simulated.scenarios import SimulatedNode
 

@@ -1,4 +1,5 @@
-"""The scheduler's job hook and the recording of collectors that run on their own threads (gpuwatch.service.scheduling)."""
+"""The scheduler's job hook and the recording of collectors that run on their own threads
+(gpuwatch.service.scheduling)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuwatch.collectors.base import CollectorContext, Threads
-from gpuwatch.service.scheduling import Collectors, then
 from gpuwatch.collectors.sources import NodeSources
 from gpuwatch.config.settings import load_config
+from gpuwatch.service.scheduling import Collectors, then
 from gpuwatch.state.store import SampleStore
 
 

@@ -107,8 +107,8 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
 # --- properties: the library is the oracle for any label value, help text and number ------------------------------
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
-# Names as the catalogue makes them (gpuwatch/exposition/catalogue.py: letters, digits, underscores; no colons, which are for
-# recording rules), valid by construction: the encoder writes names as they are and escapes only what varies. A
+# Names as the catalogue makes them (gpuwatch/exposition/catalogue.py: letters, digits, underscores; no colons, which
+# are for recording rules), valid by construction: the encoder writes names as they are and escapes only what varies. A
 # reserved label name (`__` first) goes back to the library (test_what_it_does_not_write_goes_back_to_the_library).
 LEGACY_METRIC = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)
 LEGACY_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filter(lambda name: name[:2] != "__")

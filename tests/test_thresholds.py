@@ -1,6 +1,6 @@
-"""One source of thresholds: gpuwatch.core.thresholds (what the status page, `snapshot` and /health/gpus judge with) holds
-the same numbers as the rules' `gpuwatch:threshold:*` records, the same XID classes as GpuXidCritical/GpuXidWarning,
-and every finding's runbook link lands on a section of docs/runbooks.md."""
+"""One source of thresholds: gpuwatch.core.thresholds (what the status page, `snapshot` and /health/gpus judge with)
+holds the same numbers as the rules' `gpuwatch:threshold:*` records, the same XID classes as
+GpuXidCritical/GpuXidWarning, and every finding's runbook link lands on a section of docs/runbooks.md."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_xid_classes_are_the_alerts_regexes() -> None:
     assert {int(c) for c in critical.group(1).split("|")} == XID_CRITICAL
     assert {int(c) for c in warning.group(1).split("|")} == XID_CRITICAL | XID_APPLICATION | {XID_SOLO_WARNING}
     assert 'xid="45"' in str(alerts["GpuXidWarning"]["expr"])  # its arm for 45 alone
-    # The catalogue (gpuwatch/core/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151 RESTART_VM,
-    # 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
+    # The catalogue (gpuwatch/core/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151
+    # RESTART_VM, 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
     codes = (13, 63, 79, 151, 78, 173, -1)
     assert [xid_class(c) for c in codes] == ["application", "application", *["critical"] * 2, *["warning"] * 3]
     assert (xid_class(45), xid_class(45, alone=False)) == ("warning", "application")

@@ -1,5 +1,6 @@
-"""What the vendor collectors nvml and amdsmi (gpuwatch/collectors/nvml.py, amdsmi.py) share: one poll of every backend slot, each timed and isolated, opened lazily and
-reopened with exponential backoff after it fails. Runs on the scheduler's poll job, never on the scrape path."""
+"""What the vendor collectors nvml and amdsmi (gpuwatch/collectors/nvml.py, amdsmi.py) share: one poll of every backend
+slot, each timed and isolated, opened lazily and reopened with exponential backoff after it fails. Runs on the
+scheduler's poll job, never on the scrape path."""
 
 from __future__ import annotations
 

@@ -58,8 +58,8 @@ def threshold(name: str) -> float:
     return THRESHOLDS[name]
 
 
-# The XID classes of GpuXidCritical and GpuXidWarning, derived from NVIDIA's XID catalogue (gpuwatch/core/xid_catalogue.py)
-# by its "Resolution Bucket (Immediate Action)":
+# The XID classes of GpuXidCritical and GpuXidWarning, derived from NVIDIA's XID catalogue
+# (gpuwatch/core/xid_catalogue.py) by its "Resolution Bucket (Immediate Action)":
 # - application: RESTART_APP or IGNORE. The program's fault or nothing to do: no XID alert. 63 (row remap recorded),
 #   92 (high single-bit ECC rate) and 94 (contained ECC error) are among them; their hardware side pages through
 #   GpuRowRemapPending, GpuRowRemapFailure and GpuEccUncorrectable.

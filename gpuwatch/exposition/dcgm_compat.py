@@ -1,10 +1,10 @@
 """`[compat] dcgm = true`: dcgm-exporter's names and labels beside gpuwatch's own, so a fleet moving from
 dcgm-exporter keeps its dashboards and rules.
 
-The DCGM families are computed from the families gpuwatch renders anyway (gpuwatch.exposition.exporter.families), through the
-table in gpuwatch/exposition/dcgm_fields.py: never a vendor call, and like the rest off the scrape's hot path (the exposition
-cache renders once per store state, these families included). A source gpuwatch does not have leaves its DCGM field
-absent, never 0.
+The DCGM families are computed from the families gpuwatch renders anyway (gpuwatch.exposition.exporter.families),
+through the table in gpuwatch/exposition/dcgm_fields.py: never a vendor call, and like the rest off the scrape's hot
+path (the exposition cache renders once per store state, these families included). A source gpuwatch does not have
+leaves its DCGM field absent, never 0.
 
 Labels as dcgm-exporter writes them (NVIDIA/dcgm-exporter 4.5.3-4.8.2, internal/pkg/rendermetrics/render_metrics.go:47;
 values from internal/pkg/collector/gpu_collector.go:316-344): gpu (the index), UUID, pci_bus_id (NVML's busId,

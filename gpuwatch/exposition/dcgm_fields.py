@@ -1,7 +1,8 @@
 """dcgm-exporter's metric names, one line per DCGM field, each read from one of gpuwatch's own metric families.
 
-The compatibility exposition (`[compat] dcgm = true`, gpuwatch/exposition/dcgm_compat.py) applies this table to the families
-gpuwatch renders anyway, so it follows whatever the backends read; a source that is absent leaves its field absent.
+The compatibility exposition (`[compat] dcgm = true`, gpuwatch/exposition/dcgm_compat.py) applies this table to the
+families gpuwatch renders anyway, so it follows whatever the backends read; a source that is absent leaves its field
+absent.
 
 Sources (learnt from, not copied):
 - names, types and help texts as dcgm-exporter writes them: NVIDIA/dcgm-exporter tag 4.5.3-4.8.2 (commit 691c927),
@@ -378,7 +379,8 @@ FIELDS: tuple[DcgmField, ...] = (
     ),
 )
 
-# Fields computed from more than one sample (gpuwatch/exposition/dcgm_compat.py): name -> (type, help as dcgm-exporter writes it).
+# Fields computed from more than one sample (gpuwatch/exposition/dcgm_compat.py): name -> (type, help as dcgm-exporter
+# writes it).
 DERIVED: dict[str, tuple[DcgmType, str]] = {
     # csv:45, h:889: total - used. Where NVML reports reserved memory (nvmlMemory_v2), DCGM's free leaves it out too,
     # so this reads higher than dcgm-exporter's by DCGM_FI_DEV_FB_RESERVED, which gpuwatch does not read.

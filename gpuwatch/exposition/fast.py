@@ -2,9 +2,9 @@
 
 prometheus_client's encoders validate and escape every metric and label name of every sample (they must accept any
 collector); ours come from the catalogue and are valid by construction, so most of that work is wasted. `SeriesLines`
-goes further: it is what gpuwatch.exposition.exporter writes its samples into, and it keeps each series' name-and-labels prefix
-(escaped, sorted, once per series for the life of the process) and formats only the value, so a scrape never builds
-prometheus_client objects at all (about a fifth of the cost: benchmarks/render.py). `render` does the
+goes further: it is what gpuwatch.exposition.exporter writes its samples into, and it keeps each series' name-and-labels
+prefix (escaped, sorted, once per series for the life of the process) and formats only the value, so a scrape never
+builds prometheus_client objects at all (about a fifth of the cost: benchmarks/render.py). `render` does the
 same for families a caller built (the uncached `name[]` filter) and hands anything it was not written for back to the
 library (`None`). Tests hold both to the library's output for every scenario and both formats.
 """

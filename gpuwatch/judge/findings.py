@@ -1,6 +1,6 @@
 """What the status page and /health/gpus judge: a finding per condition an alert rule pages on, for each GPU and for
-the node, with the rules' own thresholds (gpuwatch.core.thresholds) and the verdicts `snapshot` shares (gpuwatch.judge.verdict).
-The page's HTML is gpuwatch/web/status_page.py; this module decides, that one draws.
+the node, with the rules' own thresholds (gpuwatch.core.thresholds) and the verdicts `snapshot` shares
+(gpuwatch.judge.verdict). The page's HTML is gpuwatch/web/status_page.py; this module decides, that one draws.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ the links of the alerts, the status page and the CLI work inside a datacentre wi
 markdown-it-py renders it (CommonMark and tables, the Markdown the file is written in) on the first request, and the
 page is kept: the agent's memory and idle CPU are tuned (benchmarks/README.md), so the library is imported only when
 someone reads the runbooks, never at start. Raw HTML in the Markdown is escaped, not passed through, and markdown-it
-refuses javascript:, vbscript: and data: links, so the document cannot put a script on the page; gpuwatch.web.server serves
-it with a Content-Security-Policy that forbids scripts besides.
+refuses javascript:, vbscript: and data: links, so the document cannot put a script on the page; gpuwatch.web.server
+serves it with a Content-Security-Policy that forbids scripts besides.
 """
 
 from __future__ import annotations
