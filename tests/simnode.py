@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+from wsgiref.util import setup_testing_defaults
 
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.config.settings import load_config
@@ -16,6 +18,23 @@ from gpuwatch.simulated.node import simulated_sources
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 START_WALL = 1_800_000_000.0
+
+
+def get(
+    app: Callable[..., Iterable[bytes]], path: str, headers: dict[str, str] | None = None
+) -> tuple[str, dict[str, str], bytes]:
+    """(status, headers, body) of a GET of `path` from a WSGI app, as the agent's HTTP server calls it."""
+    environ: dict[str, Any] = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": ""}
+    setup_testing_defaults(environ)
+    for name, value in (headers or {}).items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    started: list[Any] = []
+
+    def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        started.extend((status, response_headers))
+
+    body = b"".join(app(environ, start_response))
+    return started[0], dict(started[1]), body
 
 
 # Every scenario a poll in the test's own thread can run: nvml_hang's temperature call never returns after 5 s, which
@@ -80,7 +99,8 @@ class SimAgent:
 
     def _run_due_host_jobs(self) -> None:
         """The scheduler's part for hwmon and ipmi: every host job whose interval has passed on the test's clock."""
-        for job, (interval, _) in self.agent.collectors.jobs().items():
+        for job, every in self.agent.collectors.jobs().items():
+            interval = every.interval(self.agent.config)
             if job.startswith("host-") and self.clock.elapsed - self._last_run.get(job, -math.inf) >= interval:
                 self._last_run[job] = self.clock.elapsed
                 self.agent.collectors.run_job(job)
@@ -92,7 +112,8 @@ class SimAgent:
         self._scraped = None
 
     def text(self) -> str:
-        return generate_latest(self.agent.registry).decode()
+        """/metrics as a GET takes it: through the agent's own WSGI app (render cache, fast encoder, compat)."""
+        return get(self.agent.app, "/metrics")[2].decode()
 
     def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """One scrape per simulated moment: parsed once, then reused until time moves."""

@@ -179,7 +179,7 @@ def test_a_backend_that_fails_to_open_with_a_bug_is_down_with_backoff(
     assert len(opens) == 4  # at 0, 1, 3 and 7 s
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert len(tracebacks) == 1
-    assert agent.registry.get_sample_value("gpuwatch_backend_up", {"backend": "nvml"}) == 0.0
+    assert agent.prometheus_registry.get_sample_value("gpuwatch_backend_up", {"backend": "nvml"}) == 0.0
 
 
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])

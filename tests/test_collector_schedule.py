@@ -56,7 +56,7 @@ def test_the_real_scheduler_calls_after_job_once_the_poll_has_run(tmp_path: obje
         seen_poll_first.append(polled.is_set())
         after.set()
 
-    scheduler = collectors.start_scheduler(polled.set, 60.0, after_job=hook)
+    scheduler = collectors.start_scheduler({"poll": polled.set}, hook)
     try:
         assert after.wait(10)
         assert seen_poll_first[0] is True
@@ -71,12 +71,11 @@ class _Waiter:
     outcomes: list[bool]
     stopping: threading.Event
     name: str = "waiter"
-    interval_seconds: float = 3600.0
     runs: int = 0
     schedule: Threads = field(init=False)
 
     def __post_init__(self) -> None:
-        self.schedule = Threads({"waiter": self.run})
+        self.schedule = Threads({"waiter": self.run}, heartbeat_seconds=3600.0)
 
     def run(self) -> bool:
         time.sleep(0.001)
@@ -112,3 +111,43 @@ def test_a_quiet_thread_collector_records_its_run_once_per_interval_and_every_fa
     assert records == [True, False, False, True]
     snap = store.snapshot()
     assert snap.collectors["waiter"].errors_total == 2 and snap.collectors["waiter"].success is True
+
+
+def test_every_job_runs_at_its_declared_interval_and_a_reload_reschedules_what_changed(tmp_path: object) -> None:
+    """One declaration per job (`Every`), the poll's included: the real scheduler runs each at it, the poll exists
+    with no collector on it (the watchdog rides on it), and a reload moves only the jobs whose interval changed."""
+    from gpuwatch.collectors.base import Every
+
+    running = {"config": load_config(None, {"agent": {"state_dir": str(tmp_path), "poll_interval_seconds": 2.0}})}
+    store = SampleStore(poll_interval_seconds=2.0)
+    context = CollectorContext(
+        lambda: running["config"], NodeSources([], dict, None), store, [], time.time, time.monotonic, threading.Event()
+    )
+
+    class _Host:
+        name = "hwmon"
+        schedule = Every("host-hwmon", lambda _config: 7.0)
+
+        def update(self) -> bool:
+            return True
+
+    collectors = Collectors(context, [_Host()])  # type: ignore[list-item]
+    assert {job: every.interval(running["config"]) for job, every in collectors.jobs().items()} == {
+        "poll": 2.0,
+        "host-hwmon": 7.0,
+    }
+    scheduler = collectors.start_scheduler({}, lambda: None)
+    try:
+        assert {job.id: job.trigger.interval.total_seconds() for job in scheduler.get_jobs()} == {
+            "poll": 2.0,
+            "host-hwmon": 7.0,
+        }
+        before = running["config"]
+        running["config"] = load_config(None, {"agent": {"state_dir": str(tmp_path), "poll_interval_seconds": 5.0}})
+        assert collectors.reschedule(scheduler, before) == ["poll"]
+        assert scheduler.get_job("poll").trigger.interval.total_seconds() == 5.0
+        assert scheduler.get_job("host-hwmon").trigger.interval.total_seconds() == 7.0
+        collectors.register()
+        assert store.snapshot().collectors["hwmon"].interval_seconds == 7.0
+    finally:
+        scheduler.shutdown(wait=False)

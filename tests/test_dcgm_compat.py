@@ -27,7 +27,7 @@ from gpuwatch.config.settings import CompatSection, ConfigError, load_config
 from gpuwatch.exposition.cache import CachedExposition
 from gpuwatch.exposition.dcgm_compat import NAMES, dcgm_extension
 from gpuwatch.exposition.dcgm_fields import FIELDS
-from gpuwatch.exposition.exporter import GpuwatchCollector
+from gpuwatch.exposition.exporter import SnapshotExporter
 from gpuwatch.simulated.bindings import simulated_pynvml
 
 Series = dict[tuple[str, str], tuple[dict[str, str], float]]  # (DCGM name, gpu) -> (labels, value)
@@ -164,7 +164,7 @@ def test_compat_renders_byte_for_byte_as_the_library(tmp_path: Path) -> None:
     sim = SimAgent(tmp_path, scenario="mixed", probe={"interval_seconds": 0})
     try:
         sim.run(4.0)
-        collector = GpuwatchCollector(sim.agent.store, dcgm_extension(_compat(), environ={}, gethostname=str))
+        collector = SnapshotExporter(sim.agent.store, dcgm_extension(_compat(), environ={}, gethostname=str))
         for what, accept in ACCEPTS.items():
             library, fast = library_and_fast(collector, accept)
             assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION " in library

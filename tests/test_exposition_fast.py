@@ -19,7 +19,7 @@ from simnode import IN_THREAD_SCENARIOS, SimAgent
 
 from gpuwatch.exposition import fast as exposition_fast
 from gpuwatch.exposition.catalogue import CATALOGUE
-from gpuwatch.exposition.exporter import GpuwatchCollector, export
+from gpuwatch.exposition.exporter import SnapshotExporter, export
 from gpuwatch.exposition.fast import Row, SeriesLines, fast_format, render
 
 ACCEPTS = {
@@ -47,7 +47,7 @@ def test_every_scenario_renders_exactly_as_the_library_does(tmp_path: Path, scen
     sim = SimAgent(tmp_path, scenario=scenario, gpus=3, vendor=vendor, probe={"interval_seconds": 60.0})
     try:
         sim.run(6.0)
-        collector = GpuwatchCollector(sim.agent.store)
+        collector = SnapshotExporter(sim.agent.store)
         lines = SeriesLines()
         export(sim.agent.store.snapshot(), lines)
         for what, accept in ACCEPTS.items():

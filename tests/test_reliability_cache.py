@@ -31,7 +31,7 @@ def test_the_cached_body_always_equals_a_fresh_render(tmp_path: Path) -> None:
         cache = CachedExposition(sim.agent.store)
         sim.run(3.0)
         _, first = cache.render(None, False)
-        assert first == generate_latest(sim.agent.registry)
+        assert first == generate_latest(sim.agent.prometheus_registry)
         assert cache.render(None, False)[1] is first  # unchanged store: the one render is shared, not rebuilt
         _, zipped = cache.render(None, True)
         assert gzip.decompress(zipped) == first
@@ -39,12 +39,12 @@ def test_the_cached_body_always_equals_a_fresh_render(tmp_path: Path) -> None:
         assert content_type.startswith("application/openmetrics-text") and om.endswith(b"# EOF\n")
         sim.run(2.0)  # polls changed the store: a new render, equal to the registry's own
         _, second = cache.render(None, False)
-        assert second != first and second == generate_latest(sim.agent.registry)
+        assert second != first and second == generate_latest(sim.agent.prometheus_registry)
         assert up(second) == {1.0}
         # No poll, only time passing: once the readings go stale the cached body must not be served.
         sim.clock.elapsed += STALE_AFTER_POLLS * sim.agent.config.agent.poll_interval_seconds + 0.5
         _, stale = cache.render(None, False)
-        assert up(stale) == {0.0} and stale == generate_latest(sim.agent.registry)
+        assert up(stale) == {0.0} and stale == generate_latest(sim.agent.prometheus_registry)
     finally:
         sim.close()
 
@@ -66,7 +66,9 @@ def test_prerender_makes_ready_only_the_bodies_scrapers_took(tmp_path: Path) -> 
         assert cache.ready(None, False) and cache.ready(OPENMETRICS, True)
         assert not cache.ready(None, True) and not cache.ready(OPENMETRICS, False)
         _, text = cache.render(None, False)
-        assert text == generate_latest(sim.agent.registry)  # what was prerendered is the store's current state
+        assert text == generate_latest(
+            sim.agent.prometheus_registry
+        )  # what was prerendered is the store's current state
         _, om = cache.render(OPENMETRICS, True)
         assert gzip.decompress(om) == CachedExposition(sim.agent.store).render(OPENMETRICS, False)[1]
         # A scraper that stopped: after the next change only what was taken since is rendered (text), then nothing.

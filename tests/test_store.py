@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuwatch.core.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
-from gpuwatch.exposition.exporter import GpuwatchCollector
+from gpuwatch.exposition.exporter import SnapshotExporter
 from gpuwatch.state.store import SampleStore
 
 GPU0 = GpuIdentity("GPU-0", "nvidia", 0, "NVIDIA H100 80GB HBM3", "1", "00000000:18:00.0", "580.159.04", "96")
@@ -27,7 +27,7 @@ def setup() -> tuple[SampleStore, Clock, CollectorRegistry]:
     clock = Clock()
     store = SampleStore(poll_interval_seconds=1.0, clock=clock)
     registry = CollectorRegistry()
-    registry.register(GpuwatchCollector(store))
+    registry.register(SnapshotExporter(store))
     return store, clock, registry
 
 

@@ -31,18 +31,28 @@ def collector_logger(name: str) -> logging.Logger:
 
 @dataclass(frozen=True, slots=True)
 class Every:
-    """A scheduler job (one instance at a time, missed runs coalesced) every `interval_seconds` of its collector.
-    Collectors that name the same job run one after another in it (the vendors share the agent's `poll`)."""
+    """A scheduler job (one instance at a time, missed runs coalesced) every `interval(config)` seconds of the running
+    configuration: the one place a collector's interval is declared, read by the scheduler (and again after a reload)
+    and exported as gpuwatch_collector_interval_seconds. Collectors that name the same job run one after another in
+    it, in registry order."""
 
     job: str
-    first_run_now: bool = True
+    interval: Callable[[Config], float]
+    first_run_now: bool = True  # else one interval after start
+
+
+POLL = Every("poll", lambda config: config.agent.poll_interval_seconds)
+"""The agent's poll: nvml and amdsmi in turn, then workloads. The service's known-GPU file and systemd watchdog ride
+on it, so it runs even when every collector on it is disabled."""
 
 
 @dataclass(frozen=True, slots=True)
 class Threads:
-    """The collector's own threads: each (thread name -> one run) runs back to back until the agent stops."""
+    """The collector's own threads: each (thread name -> one run) runs back to back until the agent stops. A run that
+    went well is recorded once per `heartbeat_seconds` (gpuwatch_collector_interval_seconds), a failed one at once."""
 
     runs: Mapping[str, Callable[[], bool]]
+    heartbeat_seconds: float
 
 
 class Collector(Protocol):
@@ -50,10 +60,7 @@ class Collector(Protocol):
     def name(self) -> str: ...  # its registration's name: the `collector` label
 
     @property
-    def interval_seconds(self) -> float: ...  # gpuwatch_collector_interval_seconds; an Every job's interval
-
-    @property
-    def schedule(self) -> Every | Threads: ...
+    def schedule(self) -> Every | Threads: ...  # when it runs, and so its interval
 
     def update(self) -> bool: ...  # one run (an Every job's)
 

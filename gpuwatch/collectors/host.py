@@ -74,15 +74,11 @@ class HostCollector:
         # A problem is said once, a different one too (timeouts, then the device gone), and once when it clears.
         self._log = collector_logger(source.name)
         self._problem = Latch(self._log, repeat_when_changed=True)
-        self.schedule = Every(f"host-{source.name}")
+        self.schedule = Every(f"host-{source.name}", lambda _config: source.interval_seconds)  # read at start
 
     @property
     def name(self) -> str:
         return self.source.name
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.source.interval_seconds
 
     def update(self) -> bool:
         return self._run(self.source)

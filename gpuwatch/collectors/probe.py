@@ -21,14 +21,11 @@ log = logging.getLogger(__name__)
 
 class ProbeCollector:
     name = "probe"
-    schedule = Every("probe", first_run_now=False)
 
     def __init__(self, runner: ProbeRunner) -> None:
         self.runner = runner
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.runner.settings.interval_seconds
+        # [probe] is read at start (a reload keeps it): the runner's settings are the interval
+        self.schedule = Every("probe", lambda _config: runner.settings.interval_seconds, first_run_now=False)
 
     def update(self) -> bool:
         try:

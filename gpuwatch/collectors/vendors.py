@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
-from gpuwatch.collectors.base import CheckLine, CollectorContext, Every, collector_logger
+from gpuwatch.collectors.base import POLL, CheckLine, CollectorContext, Every, collector_logger
 from gpuwatch.collectors.sources import BackendSlot, NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.core.latch import Latch
@@ -26,7 +26,6 @@ MAX_BACKOFF_SECONDS = 60.0
 # hung poll began an interval after the last readings, so the hang is known as soon as they are stale.
 STUCK_AFTER_POLLS = STALE_AFTER_POLLS - 1
 STUCK_MIN_SECONDS = 1.0
-POLL_JOB = Every("poll")  # the agent's poll job: the vendors in turn, then the known-GPU file and the watchdog
 
 
 class VendorCollectors:
@@ -153,15 +152,11 @@ class VendorCollector:
 
     slot: BackendSlot
     vendors: VendorCollectors
-    schedule: Every = POLL_JOB
+    schedule: Every = POLL
 
     @property
     def name(self) -> str:
         return self.slot.name
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.vendors.poll_interval_seconds()
 
     def update(self) -> bool:
         return self.vendors.poll(self.slot)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from gpuwatch.collectors.base import CheckLine, CollectorContext, Every
+from gpuwatch.collectors.base import POLL, CheckLine, CollectorContext
 from gpuwatch.collectors.sources import NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.core.latch import Latch
@@ -75,7 +75,7 @@ class WorkloadsCollector:
     """Attributes every fresh GPU's compute processes to workloads, each run, into the store."""
 
     name = "workloads"
-    schedule = Every("poll")
+    schedule = POLL
 
     def __init__(self, context: CollectorContext) -> None:
         self._context = context
@@ -86,10 +86,6 @@ class WorkloadsCollector:
         self._own_pid: int | None = None  # the agent's PID as the procfs numbers it: its children are probe workers
         self._said = Latch(log)  # each problem said once: it holds until the agent's mounts change
         self._users = UserNames(clock=context.monotonic)
-
-    @property
-    def interval_seconds(self) -> float:
-        return self._context.config().agent.poll_interval_seconds
 
     def _procfs(self) -> Procfs:
         given = self._context.sources.procfs

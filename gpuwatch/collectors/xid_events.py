@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 EVENT_WAIT_SECONDS = 1.0
 # How often a quiet event thread records its run (gpuwatch_collector_last_run_timestamp_seconds), not how often it
-# wakes: recording every wake would change the exposition every second, between polls (gpuwatch.collectors.base._loop).
+# wakes: recording every wake would change the exposition every second, between polls (gpuwatch.service.scheduling).
 HEARTBEAT_SECONDS = 15.0
 MAX_UNMATCHED_XIDS = 1024  # kernel-log XIDs kept while no GPU with their PCI address is known
 
@@ -29,7 +29,6 @@ class EventCollector:
     runs are recorded every HEARTBEAT_SECONDS, or at once when one fails."""
 
     name = "xid_events"
-    interval_seconds = HEARTBEAT_SECONDS
 
     def __init__(
         self,
@@ -45,10 +44,10 @@ class EventCollector:
         self._monotonic = monotonic
         self._stopping = stopping
         self._unmatched_xids: list[KernelXid] = []
-        self.schedule = Threads({})
+        self.schedule = Threads({}, HEARTBEAT_SECONDS)
 
     def watch(self, slots: list[BackendSlot]) -> EventCollector:
-        self.schedule = Threads({f"events-{slot.name}": self._runner(slot) for slot in slots})
+        self.schedule = Threads({f"events-{slot.name}": self._runner(slot) for slot in slots}, HEARTBEAT_SECONDS)
         return self
 
     def _runner(self, slot: BackendSlot) -> Callable[[], bool]:

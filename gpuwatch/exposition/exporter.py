@@ -63,7 +63,9 @@ class _Families:
 Extension = Callable[[list[Metric]], list[Metric]]
 
 
-class GpuwatchCollector(Collector):
+class SnapshotExporter(Collector):
+    """prometheus_client's custom collector: every family of a fresh store snapshot at each collect()."""
+
     def __init__(self, store: SampleStore, extension: Extension | None = None) -> None:
         self._store = store
         self._extension = extension

@@ -24,7 +24,7 @@ from gpuwatch.collectors.vendors import VendorCollectors
 from gpuwatch.collectors.xid_events import EventCollector
 from gpuwatch.config.settings import CompatSection, Config, ConfigError, parse_listen
 from gpuwatch.exposition.cache import CachedExposition, cached_metrics_app
-from gpuwatch.exposition.exporter import Extension, GpuwatchCollector
+from gpuwatch.exposition.exporter import Extension, SnapshotExporter
 from gpuwatch.files.statedir import AgentLock
 from gpuwatch.files.statefile import KnownGpus
 from gpuwatch.judge.findings import gpu_health
@@ -55,7 +55,7 @@ class Agent:
         notifier: ServiceNotifier | None = None,
     ) -> None:
         self.config = config
-        self._notifier = notifier or ServiceNotifier.from_environment()  # systemd: READY, WATCHDOG from poll_once
+        self._notifier = notifier or ServiceNotifier.from_environment()  # systemd: READY, WATCHDOG after each poll
         self._sources = sources
         self._reload_config = reload_config
         self._clock = clock
@@ -71,10 +71,13 @@ class Agent:
         self._scheduler: Any = None  # an APScheduler BackgroundScheduler while running
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
-        self.registry = CollectorRegistry(auto_describe=False)
+        # prometheus_client's registry, holding the one exporter of store snapshots (the library's encoders use it)
+        self.prometheus_registry = CollectorRegistry(auto_describe=False)
         self._extension, self._extension_names = compat_extension(config.compat)
-        self.registry.register(GpuwatchCollector(self.store, self._extension))
-        # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (collector.py).
+        self.prometheus_registry.register(SnapshotExporter(self.store, self._extension))
+        self._cache = CachedExposition(self.store, self._extension, self._extension_names)
+        self.app = self._app()  # what the HTTP server serves (start wraps it in the web config's TLS and auth)
+        # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (scheduling.py).
         context = CollectorContext(
             lambda: self.config, sources, self.store, self.vendors.active(), clock, monotonic, self._stop
         )
@@ -99,12 +102,7 @@ class Agent:
         claim_state_dir(self.config, self._state_lock)
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
-        cache = CachedExposition(self.store, self._extension, self._extension_names)
-        metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
-        page = lambda: status_page(self.store.snapshot())  # noqa: E731
-        app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
-        app = _noting_stuck_calls(app, self._note_stuck_calls)
-        wrap_socket = None
+        app, wrap_socket = self.app, None
         if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
             from gpuwatch.web.webconfig import apply_web_config
 
@@ -113,9 +111,7 @@ class Agent:
         self.collectors.register()
         if self.probe is not None:
             self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
-        self._scheduler = self.collectors.start_scheduler(
-            self.poll_once, self.config.agent.poll_interval_seconds, after_job=cache.prerender
-        )
+        self._scheduler = self.collectors.start_scheduler({"poll": self._after_poll}, self._cache.prerender)
         self.collectors.start_threads()  # xid_events: a thread per vendor backend
         self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
         self._http.start()
@@ -185,12 +181,27 @@ class Agent:
     def _active_slots(self) -> list[BackendSlot]:
         return self.vendors.active()
 
+    def _app(self) -> Callable[..., Any]:
+        """The agent's WSGI app: /metrics through the render cache, the status page, the health endpoints, each
+        request seeing a hung poll (the golden /metrics test takes this path, as a GET does)."""
+        metrics = cached_metrics_app(self._cache, make_wsgi_app(self.prometheus_registry))  # bursts share renders
+        page = lambda: status_page(self.store.snapshot())  # noqa: E731
+        app = make_app(
+            self.prometheus_registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot())
+        )
+        return _noting_stuck_calls(app, self._note_stuck_calls)
+
     def poll_once(self) -> None:
-        """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
+        """One run of the poll job and what follows it, as the scheduler runs them (tests drive the agent so)."""
         try:
             self.collectors.run_job("poll")
         finally:
-            self._first_poll.set()
+            self._after_poll()
+
+    def _after_poll(self) -> None:
+        """After each poll: the first one lets serving start; the GPUs seen are remembered; systemd's watchdog is
+        fed with the health, so a poll that hangs is a watchdog restart."""
+        self._first_poll.set()
         self._known.remember(self.store.identities().values())
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
 
@@ -239,9 +250,9 @@ class Agent:
         self.config = new
         self.store.configure(new.agent.poll_interval_seconds, new.gpus.power_limit_watts)
         self._update_expected()
-        self.collectors.register()  # the vendors' interval is the poll interval
-        if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:
-            self._scheduler.reschedule_job("poll", trigger="interval", seconds=new.agent.poll_interval_seconds)
+        self.collectors.register()  # intervals declared from the configuration (the poll's) change with it
+        if self._scheduler is not None:
+            self.collectors.reschedule(self._scheduler, old)
         log.info("configuration reloaded from %s", new.source)
 
 

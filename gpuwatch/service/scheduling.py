@@ -10,12 +10,13 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpuwatch.collectors.base import Collector, CollectorContext, Every, Threads
+from gpuwatch.collectors.base import POLL, Collector, CollectorContext, Every, Threads
+from gpuwatch.config.settings import Config
 from gpuwatch.registry import REGISTRY
 from gpuwatch.state.store import SampleStore
 
@@ -66,12 +67,19 @@ class Collectors:
     def of_type(self, kind: type[Any]) -> Any | None:
         return next((c for c in self.all if isinstance(c, kind)), None)
 
+    def interval(self, collector: Collector) -> float:
+        """The collector's interval, from its schedule's declaration and the running configuration."""
+        schedule = collector.schedule
+        if isinstance(schedule, Threads):
+            return schedule.heartbeat_seconds
+        return schedule.interval(self.context.config())
+
     def register(self, *, threads: bool = True) -> None:
-        """Every collector's gpuwatch_collector_interval_seconds; `threads=False` leaves out those on their own
-        threads (an in-process test agent that runs their reads itself)."""
+        """Every collector's gpuwatch_collector_interval_seconds (again after a reload); `threads=False` leaves out
+        those on their own threads (an in-process test agent that runs their reads itself)."""
         for collector in self.all:
             if threads or not isinstance(collector.schedule, Threads):
-                self.context.store.register_collector(collector.name, collector.interval_seconds)
+                self.context.store.register_collector(collector.name, self.interval(collector))
 
     def execute(self, collector: Collector, run: Callable[[], bool] | None = None) -> bool:
         return execute(self.context.store, collector.name, run or collector.update, self.context.monotonic)
@@ -84,42 +92,40 @@ class Collectors:
                 ok = self.execute(collector) and ok
         return ok
 
-    def jobs(self) -> dict[str, tuple[float, bool]]:
-        """job id -> (interval, first run at once), for the scheduler; a shared job takes its first collector's."""
-        out: dict[str, tuple[float, bool]] = {}
+    def jobs(self) -> dict[str, Every]:
+        """job id -> its declaration, the agent's poll always among them; a shared job is declared by its first
+        collector (its collectors declare the same)."""
+        out: dict[str, Every] = {POLL.job: POLL}
         for collector in self.all:
             if isinstance(collector.schedule, Every):
-                out.setdefault(collector.schedule.job, (collector.interval_seconds, collector.schedule.first_run_now))
+                out.setdefault(collector.schedule.job, collector.schedule)
         return out
 
-    def add_jobs(
-        self, scheduler: Any, *, except_jobs: tuple[str, ...] = (), after_job: Callable[[], None] | None = None
-    ) -> None:
-        run = self.run_job if after_job is None else then(self.run_job, after_job)
-        for job, (seconds, now) in self.jobs().items():
-            if job not in except_jobs:
-                first = datetime.now().astimezone() if now else None
-                kwargs = {"next_run_time": first} if first is not None else {}
-                scheduler.add_job(run, "interval", args=(job,), seconds=seconds, id=job, **kwargs)
-
-    def start_scheduler(
-        self, poll: Callable[[], None], poll_seconds: float, after_job: Callable[[], None] | None = None
-    ) -> Any:
-        """An APScheduler BackgroundScheduler running `poll` (first at once, so the first scrape is complete) and
-        every other job (hwmon, ipmi, probe: their own intervals, never on the scrape path); one run of a job at a
-        time, missed runs coalesced, so a hung vendor call delays only its own job. `after_job` runs in the job's
-        thread after each run (the exposition's prerender)."""
+    def start_scheduler(self, after: Mapping[str, Callable[[], None]], after_every_job: Callable[[], None]) -> Any:
+        """An APScheduler BackgroundScheduler running every job at its declared interval (those that ask, first at
+        once: the poll, so the first scrape is complete); one run of a job at a time, missed runs coalesced, so a
+        hung vendor call delays only its own job. In the job's thread after each run: `after[job]` (the agent's
+        duties after a poll), then `after_every_job` (the exposition's prerender)."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
         scheduler = BackgroundScheduler(job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None})
-        job = poll if after_job is None else then(poll, after_job)
-        scheduler.add_job(job, "interval", seconds=poll_seconds, id="poll", next_run_time=None)
-        self.add_jobs(scheduler, except_jobs=("poll",), after_job=after_job)
+        config = self.context.config()
+        for job, every in self.jobs().items():
+            run = then(self.run_job, after[job]) if job in after else self.run_job
+            first = {"next_run_time": datetime.now().astimezone()} if every.first_run_now else {}
+            scheduler.add_job(
+                then(run, after_every_job), "interval", args=(job,), seconds=every.interval(config), id=job, **first
+            )
         scheduler.start()
-        first = scheduler.get_job("poll")
-        if first is not None:
-            first.modify(next_run_time=datetime.now().astimezone())
         return scheduler
+
+    def reschedule(self, scheduler: Any, before: Config) -> list[str]:
+        """After a reload: every job whose declared interval changed runs at the new one; the jobs rescheduled."""
+        now = self.context.config()
+        changed = [job for job, every in self.jobs().items() if every.interval(before) != every.interval(now)]
+        for job in changed:
+            scheduler.reschedule_job(job, trigger="interval", seconds=self.jobs()[job].interval(now))
+        return changed
 
     def start_threads(self) -> None:
         for collector in self.all:
@@ -139,7 +145,7 @@ class Collectors:
         while not self.context.stopping.is_set():
             ok, seconds = timed_run(collector.name, run, monotonic)
             ended = monotonic()
-            if not ok or recorded_ok is not True or ended - recorded_at >= collector.interval_seconds:
+            if not ok or recorded_ok is not True or ended - recorded_at >= self.interval(collector):
                 store.record_collector_run(collector.name, success=ok, duration_seconds=seconds)
                 recorded_ok, recorded_at = ok, ended
 
