@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.exposition.exporter import export, families
 from gpuwatch.exposition.fast import SeriesLines, render
 from gpuwatch.service.agent import Agent

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.service.agent import Agent
 from gpuwatch.simulated.node import simulated_sources
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.sources import NodeSources
-from gpuwatch.config.settings import load_config
 from gpuwatch.service.agent import Agent
 from gpuwatch.service.sdnotify import ServiceNotifier
 from gpuwatch.simulated.node import simulated_slot

@@ -10,7 +10,7 @@ from wsgiref.util import setup_testing_defaults
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.core.scenario_catalogue import SCENARIOS
 from gpuwatch.readers.kmsg import KernelLogXidReader
 from gpuwatch.service.agent import Agent

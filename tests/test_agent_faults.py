@@ -14,8 +14,8 @@ from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.sources import BackendSlot, NodeSources
-from gpuwatch.config.settings import load_config
 from gpuwatch.service.agent import Agent
 from gpuwatch.simulated.node import simulated_slot
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN

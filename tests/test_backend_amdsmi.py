@@ -16,7 +16,7 @@ from simnode import SimAgent
 
 from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.core.model import GpuSample
 from gpuwatch.service.agent import Agent
 from gpuwatch.service.nodes import build_sources

@@ -93,7 +93,7 @@ def test_every_registered_collector_says_its_own_line(
     from gpuwatch.cli import commands
     from gpuwatch.collectors import base as collector
     from gpuwatch.collectors.base import CheckLine, check_lines
-    from gpuwatch.config.settings import load_config
+    from gpuwatch.collectors.configuration import load_config
     from gpuwatch.registry import COLLECTORS, REGISTRY, Registration
     from gpuwatch.service.nodes import build_sources
 

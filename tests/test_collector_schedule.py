@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuwatch.collectors.base import CollectorContext, Threads
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.sources import NodeSources
-from gpuwatch.config.settings import load_config
 from gpuwatch.service.scheduling import Collectors, then
 from gpuwatch.state.store import SampleStore
 

@@ -8,7 +8,8 @@ from typing import Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
-from gpuwatch.config.settings import _SECTIONS, ConfigError, _coerce, load_config, parse_listen
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import _SECTIONS, ConfigError, _coerce, parse_listen
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config.settings import ConfigError, load_config
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import ConfigError
 
 
 def test_every_problem_at_once(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 from test_exposition_fast import ACCEPTS, library_and_fast
 
-from gpuwatch.config.settings import CompatSection, ConfigError, load_config
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import CompatSection, ConfigError
 from gpuwatch.exposition.cache import CachedExposition
 from gpuwatch.exposition.dcgm_compat import NAMES, dcgm_extension
 from gpuwatch.exposition.dcgm_fields import FIELDS

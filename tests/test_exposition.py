@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 from simnode import IN_THREAD_SCENARIOS, SimAgent
 from test_metrics_spec import spec_metrics
+
+from gpuwatch.web.server import HttpServer
 
 GOLDEN = Path(__file__).parent / "golden" / "healthy.prom"
 
@@ -21,11 +24,18 @@ def normalized(text: str) -> str:
 
 
 def healthy_output(tmp_path: Path) -> str:
+    """/metrics of the simulated healthy node as a scraper gets it: a GET over loopback from the agent's own HTTP
+    server and app (render cache, fast encoder), as node_exporter diffs its running binary's output."""
     sim = SimAgent(tmp_path, scenario="healthy")
+    server = HttpServer("127.0.0.1", 0, sim.agent.app)
+    server.start()
     try:
         sim.run(10.0)
-        return normalized(sim.text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as response:
+            assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            return normalized(response.read().decode())
     finally:
+        server.stop()
         sim.close()
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from simnode import SimAgent
 
 from gpuwatch.collectors.base import CollectorContext
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.host import build_host_sources
 from gpuwatch.collectors.sources import NodeSources
-from gpuwatch.config.settings import Config, load_config
+from gpuwatch.config.settings import Config
 from gpuwatch.service.scheduling import Collectors
 from gpuwatch.state.store import SampleStore
 

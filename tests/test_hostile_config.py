@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config.settings import ConfigError, load_config
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import ConfigError
 from gpuwatch.files.sensormap import SensorMapError, load_sensor_maps
 
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]

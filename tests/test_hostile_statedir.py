@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.cli.commands import check
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.files.statedir import (
     AgentLock,
     StateDirBusy,

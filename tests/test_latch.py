@@ -94,9 +94,9 @@ def test_a_vendor_library_down_is_said_once_and_its_return_once(caplog: pytest.L
     """The nvml collector over the real NVML backend: the simulated libnvml missing (scenario backend_down: nvmlInit
     fails with NVML_ERROR_LIBRARY_NOT_FOUND) at every retry is one ERROR, the library loading later one INFO, and a
     new outage after that an ERROR again."""
+    from gpuwatch.collectors.configuration import load_config
     from gpuwatch.collectors.sources import BackendSlot
     from gpuwatch.collectors.vendors import VendorCollectors
-    from gpuwatch.config.settings import load_config
     from gpuwatch.simulated.node import simulated_slot
     from gpuwatch.simulated.scenarios import SimulatedNode
     from gpuwatch.state.store import SampleStore

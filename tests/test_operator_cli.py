@@ -13,8 +13,8 @@ import pytest
 
 from gpuwatch.cli import probe_command
 from gpuwatch.cli.main import PROBE_SCENARIO_INTERVAL_SECONDS, SCENARIO_SUMMARIES, _scenario_needs_probe
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.sources import NodeSources
-from gpuwatch.config.settings import load_config
 from gpuwatch.core.scenario_catalogue import SCENARIOS
 
 

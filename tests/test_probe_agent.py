@@ -95,7 +95,7 @@ def test_stop_during_a_probe_round_leaves_no_thread_or_worker_of_the_agent(tmp_p
     import psutil
     from ports import free_port
 
-    from gpuwatch.config.settings import load_config
+    from gpuwatch.collectors.configuration import load_config
     from gpuwatch.service.agent import Agent as InProcessAgent
     from gpuwatch.service.nodes import build_sources
     from gpuwatch.simulated.probe_launcher import simulated_probe_launcher

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config.settings import ConfigError, load_config
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import ConfigError
 
 
 def gpuwatch_probe(state_dir: Path, *args: str, scenario: str = "underperforming") -> subprocess.CompletedProcess[str]:

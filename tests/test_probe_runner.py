@@ -365,8 +365,8 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     sim: SimAgent, tmp_path: Path
 ) -> None:
     """Real worker children that report power_capped false (warm-up ended at warmup_max, never at the cap)."""
+    from gpuwatch.collectors.configuration import load_config
     from gpuwatch.collectors.probe import uncapped_baselines
-    from gpuwatch.config.settings import load_config
     from gpuwatch.probe.baseline import UNCAPPED_PROBES_TO_ESTABLISH
 
     script = tmp_path / "uncapped.py"

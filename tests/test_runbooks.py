@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from promrules import PROM_DIR, ROOT, every_alert_rule, first_step, runbook_sections
 from test_alerts_e2e import _get, _poll, _stop, scale_durations
 
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.collectors.sources import NodeSources
-from gpuwatch.config.settings import load_config
 from gpuwatch.files.shipped import shipped_file
 from gpuwatch.service.agent import Agent
 from gpuwatch.simulated.node import simulated_slot
@@ -214,7 +214,7 @@ def test_basic_auth_guards_the_runbooks_like_every_page(tmp_path: Path) -> None:
 _LAZY = """
 import json, sys, urllib.request
 from gpuwatch.service.agent import Agent
-from gpuwatch.config.settings import load_config
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.simulated.node import simulated_slot
 from gpuwatch.collectors.sources import NodeSources

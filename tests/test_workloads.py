@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
-from gpuwatch.collectors.workloads import HIDDEN, NOT_HOST_PIDS, attribute
-from gpuwatch.config.settings import ConfigError, load_config
-from gpuwatch.core.model import GpuSample, GpuWorkload
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.collectors.workloads import HIDDEN, NOT_HOST_PIDS, GpuWorkload, attribute
+from gpuwatch.config.settings import ConfigError
+from gpuwatch.core.model import GpuSample
 from gpuwatch.readers.cgroup import Workload
 from gpuwatch.readers.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
 from gpuwatch.simulated.procfs import stat_line

@@ -29,7 +29,8 @@ from gpuwatch.cli.promstack import (
     start_server,
     which_first,
 )
-from gpuwatch.config.settings import Config, load_config, parse_listen
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import Config, parse_listen
 from gpuwatch.core.exitcodes import EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.files.shipped import ShippedFileMissing, shipped_file
 

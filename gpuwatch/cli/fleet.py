@@ -202,7 +202,8 @@ def make_plan(
 
 def start_node(plan: FleetPlan, index: int) -> Any:
     """One node: its simulated GPUs, the real agent over them, listening on its own port. Returns the Agent."""
-    from gpuwatch.config.settings import ConfigError, load_config
+    from gpuwatch.collectors.configuration import load_config
+    from gpuwatch.config.settings import ConfigError
     from gpuwatch.service.agent import Agent
     from gpuwatch.service.nodes import build_sources
     from gpuwatch.service.startup import StartupError

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuwatch.collectors.configuration import load_config
 from gpuwatch.config.settings import (
     BACKENDS,
     DEFAULT_CONFIG_PATH,
@@ -22,7 +23,6 @@ from gpuwatch.config.settings import (
     VENDORS,
     Config,
     ConfigError,
-    load_config,
     parse_listen,
 )
 from gpuwatch.core.exitcodes import (

@@ -5,21 +5,26 @@ AMD SMI read as closely as the agent can make it. Each GPU's processes are group
 Kubernetes pod, container, systemd unit or the process itself, gpuwatch/readers/cgroup.py) and exported as
 gpuwatch_gpu_workload_info and _memory_bytes; PIDs never become labels, and past `workloads.max_per_gpu` workloads
 on one GPU the smallest are summed into kind="other", so the series per GPU stay bounded.
+
+Everything it adds is declared here: its section [workloads] (SETTINGS), its families (FAMILIES), what it stores
+(`Workloads`, through SampleStore.set_part) and how that is exported (export_gpu), its schedule and its check lines.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from gpuwatch.collectors.base import POLL, CheckLine, CollectorContext
 from gpuwatch.collectors.sources import NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.core.latch import Latch
-from gpuwatch.core.model import GpuSample, GpuWorkload
+from gpuwatch.core.metric_spec import GPU, MetricSpec, SampleSink
+from gpuwatch.core.model import GpuSample
 from gpuwatch.readers.cgroup import Workload
 from gpuwatch.readers.procfs import ProcessOwner, Procfs, Unreadable, UserNames
 
@@ -27,6 +32,65 @@ log = logging.getLogger(__name__)
 
 NOT_HOST_PIDS = Workload("unknown", "pid_namespace")
 HIDDEN = Workload("unknown", "hidden")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadsSection:
+    """[workloads]: how many workloads a GPU exports, and where the GPU processes are looked up (docs/workloads.md)."""
+
+    SECTION: ClassVar[str] = "workloads"
+
+    max_per_gpu: int = 8  # workloads exported per GPU; the rest are summed into kind="other"
+    procfs_root: str = "/proc"  # a container without the host's PID namespace: a mount of the host's /proc
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not 1 <= self.max_per_gpu <= 256:
+            yield (
+                "max_per_gpu",
+                f"must be between 1 and 256 (got {self.max_per_gpu}); each is a series per GPU, the rest are summed",
+            )
+        if not self.procfs_root.startswith("/"):
+            yield "procfs_root", f"must be an absolute path such as /proc or /host/proc, got {self.procfs_root!r}"
+
+
+SETTINGS = WorkloadsSection
+
+FAMILIES = (
+    MetricSpec(
+        "gpuwatch_gpu_workload_info",
+        "gauge",
+        (*GPU, "kind", "id", "user"),
+        "A workload holding the GPU (kind: slurm_job, k8s_pod, container, systemd_unit, process, unknown, other); 1.",
+    ),
+    MetricSpec(
+        "gpuwatch_gpu_workload_memory_bytes",
+        "gauge",
+        (*GPU, "kind", "id"),
+        "GPU memory the workload's compute processes hold, where the vendor reports it for each of them.",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWorkload:
+    """One workload on one GPU: a Slurm job, Kubernetes pod, container, systemd unit, process, ``unknown`` (its
+    processes could not be read) or ``other`` (those past the per-GPU bound, summed)."""
+
+    kind: str
+    id: str
+    user: str  # the user holding most of its GPU memory; "" where unknown or several summed
+    memory_bytes: int | None  # None: the vendor did not report every one of its processes' memory
+    processes: int
+
+
+Workloads = Mapping[str, tuple[GpuWorkload, ...]]  # what a run stores: GPU uuid -> its workloads, largest first
+
+
+def export_gpu(part: Workloads | None, gpu: tuple[str, str], out: SampleSink) -> None:
+    """The GPU's workloads as of the last run (none before the first)."""
+    for w in (part or {}).get(gpu[1], ()):
+        out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
+        out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
 
 
 @dataclass(slots=True)
@@ -89,7 +153,9 @@ class WorkloadsCollector:
 
     def _procfs(self) -> Procfs:
         given = self._context.sources.procfs
-        return given if given is not None else Procfs(Path(self._context.config().workloads.procfs_root))
+        return (
+            given if given is not None else Procfs(Path(self._context.config().section(WorkloadsSection).procfs_root))
+        )
 
     def update(self) -> bool:
         procfs = self._procfs()
@@ -107,14 +173,14 @@ class WorkloadsCollector:
                     "(hostPID: true, --pid=host) or set workloads.procfs_root to a mount of the host's /proc.",
                 )
         snap = self._context.store.snapshot()
-        max_per_gpu = self._context.config().workloads.max_per_gpu
+        max_per_gpu = self._context.config().section(WorkloadsSection).max_per_gpu
         found: dict[str, tuple[GpuWorkload, ...]] = {}
         for uuid in snap.samples:
             sample = snap.fresh(uuid)
             if sample is not None and sample.process_pids:
                 owner = partial(self._owner, procfs, listed_at=sample.timestamp)
                 found[uuid] = attribute(sample, owner, max_per_gpu)
-        self._context.store.set_workloads(found)
+        self._context.store.set_part(self.name, found)
         return True
 
     def _owner(self, procfs: Procfs, pid: int, *, listed_at: float) -> ProcessOwner | Workload | None:
@@ -152,7 +218,8 @@ def collectors(context: CollectorContext, name: str) -> list[WorkloadsCollector]
 
 def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
     """`gpuwatch check`: whether the GPU processes' /proc entries can be read here (docs/workloads.md)."""
-    procfs = sources.procfs if sources.procfs is not None else Procfs(Path(config.workloads.procfs_root))
+    root = config.section(WorkloadsSection).procfs_root
+    procfs = sources.procfs if sources.procfs is not None else Procfs(Path(root))
     what = f"workloads {procfs.root}" if sources.procfs is None else "workloads"
     if not (procfs.root / "self" / "status").exists():
         return [
@@ -183,5 +250,5 @@ def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
                 "under systemd install systemd/drop-ins/workloads.conf (ProtectProc=default); docs/workloads.md",
             )
         ]
-    limit = config.workloads.max_per_gpu
+    limit = config.section(WorkloadsSection).max_per_gpu
     return [CheckLine("ok", what, f"the host's PID namespace, readable; at most {limit} workloads per GPU")]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from gpuwatch.core.model import ProbeDtype, ProbeEngineChoice, Vendor
 from gpuwatch.core.scenario_catalogue import SCENARIOS
@@ -153,12 +154,17 @@ class CompatSection:
     dcgm_hostname_label: str = "Hostname"  # dcgm-exporter's main after 4.5.3-4.8.2 says "hostname"; "" omits it
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadsSection:
-    """Whose job runs on each GPU (gpuwatch/workloads/, docs/workloads.md)."""
+class CollectorSection(Protocol):
+    """A registered collector's own section (its module's SETTINGS), a frozen dataclass with a default for every
+    field: `[<SECTION>]` in the file. `problems` says what is wrong beyond the field types, as (key in the section,
+    problem), so one load reports every problem of every section together."""
 
-    max_per_gpu: int = 8  # workloads exported per GPU; the rest are summed into kind="other"
-    procfs_root: str = "/proc"  # a container without the host's PID namespace: a mount of the host's /proc
+    SECTION: ClassVar[str]
+
+    def problems(self) -> Iterable[tuple[str, str]]: ...
+
+
+S = TypeVar("S", bound=CollectorSection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +176,13 @@ class Config:
     host: HostSection = field(default_factory=HostSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     compat: CompatSection = field(default_factory=CompatSection)
-    workloads: WorkloadsSection = field(default_factory=WorkloadsSection)
+    collectors: Mapping[str, Any] = field(default_factory=dict)  # SECTION -> a registered collector's section
     source: str = "defaults"
+
+    def section(self, cls: type[S]) -> S:
+        """A registered collector's section as loaded, else its defaults (a Config built without it)."""
+        found = self.collectors.get(cls.SECTION)
+        return found if isinstance(found, cls) else cls()
 
     @property
     def state_dir(self) -> Path:
@@ -191,12 +202,18 @@ _SECTIONS: dict[str, type[Any]] = {
     "host": HostSection,
     "probe": ProbeSection,
     "compat": CompatSection,
-    "workloads": WorkloadsSection,
 }
 
 
-def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Read the TOML file (None: defaults only), apply flag overrides, validate everything."""
+def load_settings(
+    path: Path | None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    collector_sections: Iterable[type[CollectorSection]] = (),
+) -> Config:
+    """Read the TOML file (None: defaults only), apply flag overrides, validate everything: this layer's sections
+    and the registered collectors' (`collector_sections`; gpuwatch/collectors/configuration.py passes them)."""
+    own = {cls.SECTION: cls for cls in collector_sections}
+    known: dict[str, type[Any]] = {**_SECTIONS, **own}
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -210,19 +227,23 @@ def load_config(path: Path | None, overrides: dict[str, dict[str, Any]] | None =
     problems = _Problems(source)
     sections: dict[str, Any] = {}
     for name, value in raw.items():
-        if name not in _SECTIONS:
-            problems.add(f"[{name}]", _unknown("section", name, _SECTIONS))
+        if name not in known:
+            problems.add(f"[{name}]", _unknown("section", name, known))
         elif not isinstance(value, dict):
             problems.add(name, f"must be a [{name}] table, got {type(value).__name__}")
         else:
-            sections[name] = _build_section(source, name, _SECTIONS[name], value, problems)
+            sections[name] = _build_section(source, name, known[name], value, problems)
     for name, values in (overrides or {}).items():
         problems.flags.update({f"{name}.{key}": FLAGS.get(f"{name}.{key}", "") for key in values})
-        current = sections.get(name, _SECTIONS[name]())
-        given = _build_section("command line", name, _SECTIONS[name], values, problems)
+        current = sections.get(name, known[name]())
+        given = _build_section("command line", name, known[name], values, problems)
         sections[name] = dataclasses.replace(current, **{k: getattr(given, k) for k in values if hasattr(given, k)})
-    config = Config(**sections, source=source)
+    collectors = {name: sections.pop(name, cls()) for name, cls in own.items()}
+    config = Config(**sections, collectors=collectors, source=source)
     _validate(config, problems)
+    for name, section in collectors.items():
+        for key, problem in section.problems():
+            problems.add(f"{name}.{key}", problem)
     problems.raise_any()
     return config
 
@@ -236,7 +257,7 @@ def _unknown(kind: str, name: str, known: Any) -> str:
 
 
 def _build_section(source: str, section: str, cls: type[Any], values: dict[str, Any], problems: _Problems) -> Any:
-    hints = get_type_hints(cls)
+    hints = {f.name: hint for f in dataclasses.fields(cls) if (hint := get_type_hints(cls).get(f.name)) is not None}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in hints:
@@ -328,17 +349,6 @@ def _validate(config: Config, problems: _Problems) -> None:
     _validate_probe(config.probe, check)
     _validate_host(config, check)
     _validate_compat(config.compat, check)
-    workloads = config.workloads
-    check(
-        1 <= workloads.max_per_gpu <= 256,
-        "workloads.max_per_gpu",
-        f"must be between 1 and 256 (got {workloads.max_per_gpu}); each is a series per GPU, the rest are summed",
-    )
-    check(
-        workloads.procfs_root.startswith("/"),
-        "workloads.procfs_root",
-        f"must be an absolute path such as /proc or /host/proc, got {workloads.procfs_root!r}",
-    )
 
 
 DCGM_HOSTNAME_LABELS = ("Hostname", "hostname", "")

@@ -146,18 +146,6 @@ copy_sample = _sample_copier()
 
 
 @dataclass(frozen=True, slots=True)
-class GpuWorkload:
-    """One workload on one GPU (gpuwatch/workloads/): a Slurm job, Kubernetes pod, container, systemd unit,
-    process, ``unknown`` (its processes could not be read) or ``other`` (those past the per-GPU bound, summed)."""
-
-    kind: str
-    id: str
-    user: str  # the user holding most of its GPU memory; "" where unknown or several summed
-    memory_bytes: int | None  # None: the vendor did not report every one of its processes' memory
-    processes: int
-
-
-@dataclass(frozen=True, slots=True)
 class GpuReading:
     """The outcome of polling one GPU: a sample, or the reason there is none (lost, unreadable)."""
 

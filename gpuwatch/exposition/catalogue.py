@@ -1,30 +1,20 @@
 """The metric catalogue: every name, type, help text and label set that gpuwatch exports, in one table.
 
-docs/metrics.md is generated from this table (python docs/generate.py); a test holds it to the names first agreed
+The families of the agent itself and of its vendor readings are listed here; a registered collector's own families
+are declared in its module (FAMILIES, gpuwatch/registry.py names the modules) and joined to these, in registry order.
+docs/metrics.md is generated from the result (python docs/generate.py); a test holds it to the names first agreed
 (tests/fixtures/spec-names.json): add metrics, never rename one. Code refers to metrics through ``CATALOGUE[name]`` so
 a typo is a KeyError at start-up, not a silently missing series.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import importlib
 
-from gpuwatch.registry import COLLECTORS
+from gpuwatch.core.metric_spec import GPU, MetricSpec, MetricType
+from gpuwatch.registry import COLLECTORS, REGISTRY
 
 __all__ = ["CATALOGUE", "COLLECTORS", "MetricSpec"]
-
-MetricType = Literal["gauge", "counter"]
-
-GPU = ("gpu", "uuid")
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    name: str
-    type: MetricType
-    labels: tuple[str, ...]
-    help: str
 
 
 def _m(name: str, type_: MetricType, labels: tuple[str, ...], help_: str) -> MetricSpec:
@@ -123,18 +113,6 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_memory_used_bytes", "gauge", GPU, "Device memory in use."),
     _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
     _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
-    _m(
-        "gpuwatch_gpu_workload_info",
-        "gauge",
-        (*GPU, "kind", "id", "user"),
-        "A workload holding the GPU (kind: slurm_job, k8s_pod, container, systemd_unit, process, unknown, other); 1.",
-    ),
-    _m(
-        "gpuwatch_gpu_workload_memory_bytes",
-        "gauge",
-        (*GPU, "kind", "id"),
-        "GPU memory the workload's compute processes hold, where the vendor reports it for each of them.",
-    ),
     _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
     _m(
         "gpuwatch_gpu_partitions",
@@ -364,4 +342,15 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_host_fan_rpm", "gauge", ("chip", "sensor"), "Host fan speed."),
 )
 
-CATALOGUE: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+def _collector_families() -> tuple[MetricSpec, ...]:
+    """The families the registered collectors declare in their modules, in registry order."""
+    found: list[MetricSpec] = []
+    for registration in REGISTRY:
+        for spec in getattr(importlib.import_module(registration.module), "FAMILIES", ()):
+            if spec not in found:  # siblings may share a module
+                found.append(spec)
+    return tuple(found)
+
+
+CATALOGUE: dict[str, MetricSpec] = {spec.name: spec for spec in (*_SPECS, *_collector_families())}

@@ -5,6 +5,8 @@ Nothing here touches a vendor library or the disk, so a scrape costs microsecond
 
 from __future__ import annotations
 
+import functools
+import importlib
 import platform
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -13,10 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwatch import __version__
+from gpuwatch.core.metric_spec import SampleSink
 from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.xid import xid_label
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.fast import Row
+from gpuwatch.registry import REGISTRY
 from gpuwatch.state.probebook import RESULTS, ProbeView
 from gpuwatch.state.store import SampleStore, StoreSnapshot
 
@@ -108,11 +112,29 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
         out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
         out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
         export_probe(gpu, identity.uuid, snap.probe, out)
-        for w in snap.workloads.get(identity.uuid, ()):
-            out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
-            out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
+        for name, export_gpu in _collector_exports("export_gpu"):
+            export_gpu(snap.parts.get(name), gpu, out)
     export_interval(snap.probe, out)
     _host(snap, out)
+    for name, export_node in _collector_exports("export_node"):
+        export_node(snap.parts.get(name), out)
+
+
+@functools.cache
+def _collector_exports(hook: str) -> tuple[tuple[str, Callable[..., None]], ...]:
+    """(collector, its module's `hook`) for each registered collector whose module exports families of its own:
+    ``export_gpu(part, gpu_labels, out)`` for each fresh GPU, after its readings, or ``export_node(part, out)`` once,
+    last; `part` is what the collector stored (SampleStore.set_part), None before its first run."""
+    found = []
+    for registration in REGISTRY:
+        export = getattr(importlib.import_module(registration.module), hook, None)
+        if export is not None:
+            found.append((registration.name, export))
+    return tuple(found)
+
+
+GpuExport = Callable[[Any, tuple[str, str], SampleSink], None]
+NodeExport = Callable[[Any, SampleSink], None]
 
 
 def _self_health(snap: StoreSnapshot, out: _Out) -> None:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.config.settings import Config, ConfigError, load_config
+from gpuwatch.collectors.configuration import load_config
+from gpuwatch.config.settings import Config, ConfigError
 from gpuwatch.files.statedir import (
     AgentLock,
     StateDirBusy,

@@ -11,14 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.core.model import (
     GpuEvent,
     GpuIdentity,
     GpuReading,
     GpuSample,
-    GpuWorkload,
     HostSample,
     StuckCall,
     UnusableGpu,
@@ -73,7 +72,7 @@ class StoreSnapshot:
     sxids: dict[tuple[str, int], XidCount] = field(default_factory=dict)  # (NVSwitch, SXid) from the kernel log
     host: tuple[HostSample, ...] = ()  # the host sources' last reads, only those fresher than 3 of their intervals
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
-    workloads: dict[str, tuple[GpuWorkload, ...]] = field(default_factory=dict)  # uuid -> its workloads (bounded)
+    parts: dict[str, Any] = field(default_factory=dict)  # collector -> what it stored (its module's own type)
     stuck_calls: tuple[StuckCall, ...] = ()  # vendor calls a poll hangs in (VendorCollectors.stuck_calls)
 
     def fresh(self, uuid: str) -> GpuSample | None:
@@ -107,7 +106,7 @@ class SampleStore:
         self._sxids: dict[tuple[str, int], XidCount] = {}  # (NVSwitch PCI address, SXid) -> count
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
-        self._workloads: dict[str, tuple[GpuWorkload, ...]] = {}
+        self._parts: dict[str, Any] = {}  # collector -> its last run's result
 
     @property
     def poll_interval_seconds(self) -> float:
@@ -152,10 +151,12 @@ class SampleStore:
         with self._lock:
             self._host[sample.source] = (sample, interval_seconds)
 
-    def set_workloads(self, workloads: dict[str, tuple[GpuWorkload, ...]]) -> None:
-        """The workloads collector's last attribution of every GPU's processes (replaces the previous one)."""
+    def set_part(self, collector: str, part: Any) -> None:
+        """A collector's last result, replacing its previous one, in the type its module declares: the store keeps
+        it and the exposition hands it back to the module's export, so a new collector adds no field here. It must
+        be immutable (a frozen dataclass, tuples, a mapping that is never changed after): snapshots share it."""
         with self._lock:
-            self._workloads = dict(workloads)
+            self._parts[collector] = part
 
     def set_backend(self, name: str, up: bool, message: str = "") -> None:
         with self._lock:
@@ -291,7 +292,7 @@ class SampleStore:
                     if now - sample.timestamp <= STALE_AFTER_POLLS * interval
                 ),
                 probe=self.probe.view(),
-                workloads=dict(self._workloads),
+                parts=dict(self._parts),
                 stuck_calls=self._stuck_calls,
             )
 

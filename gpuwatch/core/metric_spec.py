@@ -1,0 +1,25 @@
+"""What a metric family is (name, type, labels, help) and where a collector writes its samples: the words the
+catalogue (gpuwatch/exposition/catalogue.py) and a collector module declaring its own FAMILIES share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+MetricType = Literal["gauge", "counter"]
+
+GPU = ("gpu", "uuid")  # the labels of every per-GPU family, first
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+
+
+class SampleSink(Protocol):
+    """Where an export writes: one sample of the catalogue's family `name` (a None value is no sample)."""
+
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
