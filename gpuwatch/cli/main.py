@@ -34,7 +34,7 @@ from gpuwatch.core.exitcodes import (
     EXIT_USAGE,
     MEANINGS,
 )
-from gpuwatch.exposition.catalogue import COLLECTORS
+from gpuwatch.registry import COLLECTORS
 
 log = logging.getLogger("gpuwatch")
 
