@@ -10,7 +10,7 @@ after a poll is (what `lines` remembers, prefixes and numbers, comes from earlie
 - library: prometheus_client's own generate_latest over gpuwatch's collector (the oracle);
 - objects: gpuwatch.exposition.exporter.families (prometheus_client Metric objects) + exposition.fast.render
   (before #19);
-- lines: gpuwatch.exposition.exporter.export into exposition_fast.SeriesLines (the agent's path since #19).
+- lines: gpuwatch.exposition.exporter.export into exposition.fast.SeriesLines (the agent's path since #19).
 
 Every poll's three bodies are checked to be the same bytes.
 

@@ -116,7 +116,7 @@ class XidSection:
 
 @dataclass(frozen=True, slots=True)
 class HostSection:
-    """Host power delivery and sensors (gpuwatch/host/): hwmon and the BMC."""
+    """Host power delivery and sensors (gpuwatch/readers/hwmon.py, ipmi.py; the collectors hwmon and ipmi)."""
 
     sysfs_root: str = "/sys"
     sensor_maps: tuple[str, ...] = ()  # Super-I/O mapping files (deploy/sensor-maps/)

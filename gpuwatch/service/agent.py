@@ -1,4 +1,4 @@
-"""The service: composes the collectors (gpu_collector, events, host, probe), the store, the exposition and the HTTP
+"""The service: composes the registered collectors (service/scheduling.py), the store, the exposition and the HTTP
 server, and runs start, stop, reload and health.
 
 The poll job runs on an APScheduler BackgroundScheduler (one instance at a time, missed runs coalesced), so a slow or
