@@ -1,8 +1,8 @@
 """The wheel carries the files the agent serves or starts from beside its code: the alert rules and recording rules,
 the Alertmanager routing, the runbooks (served at /runbooks), the example config and the systemd units. Their one
 source stays where operators and docs find them (deploy/, docs/, systemd/); the build copies them into
-gpuwatch/_shipped/ under the same relative paths, where gpuwatch.files.shipped finds them. An editable install reads them
-from the checkout instead. Everything else is in pyproject.toml."""
+gpuwatch/_shipped/ under the same relative paths, where gpuwatch.files.shipped finds them. An editable install reads
+them from the checkout instead. Everything else is in pyproject.toml."""
 
 from __future__ import annotations
 
