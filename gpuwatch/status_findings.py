@@ -160,8 +160,9 @@ def _probe_flags(view: GpuView) -> list[Finding]:
 
 
 def node_findings(snap: StoreSnapshot) -> list[Finding]:
-    """What is wrong with the node rather than one GPU: a poll hung in a vendor call (first), a vendor library down, GPUs missing against the expected
-    count, GPUs the library counts but cannot open, host rails and supplies, collectors failing."""
+    """What is wrong with the node rather than one GPU: a poll hung in a vendor call (first), a vendor library down,
+    GPUs missing against the expected count, GPUs the library counts but cannot open, host rails and supplies,
+    collectors failing."""
     out: list[Finding] = _hang_findings(snap)  # the first: the cause of the stale readings everything else shows
     vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
     down = {vendor_of.get(b, b): (b, msg) for b, (up, msg) in snap.backends.items() if not up}

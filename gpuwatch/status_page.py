@@ -1,12 +1,12 @@
 """The agent's own status page at `/`: what someone standing at one node wants to see, without Grafana.
 
 Plain HTML, no JavaScript. The node's own problems first (a poll hung in a vendor call, a vendor library down, GPUs
-missing against the expected count, power cables, host rails and supplies), then one row per GPU with its readings against its own limits and a
-finding per condition an alert rule pages on — with the same thresholds (gpuwatch.thresholds, gpuwatch.verdict), a
-"what to do" line and a link to the alert's runbook — then the host's rails and supplies against their limits, and
-the probe's state. It refreshes itself every 10 s. Columns are a table of (header, cell) pairs, so adding one is one
-entry in ``COLUMNS``. This module draws; what is wrong (the findings, shared with /health/gpus) is decided in
-gpuwatch/status_findings.py.
+missing against the expected count, power cables, host rails and supplies), then one row per GPU with its readings
+against its own limits and a finding per condition an alert rule pages on — with the same thresholds
+(gpuwatch.thresholds, gpuwatch.verdict), a "what to do" line and a link to the alert's runbook — then the host's
+rails and supplies against their limits, and the probe's state. It refreshes itself every 10 s. Columns are a table
+of (header, cell) pairs, so adding one is one entry in ``COLUMNS``. This module draws; what is wrong (the findings,
+shared with /health/gpus) is decided in gpuwatch/status_findings.py.
 """
 
 from __future__ import annotations
