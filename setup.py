@@ -1,7 +1,7 @@
 """The wheel carries the files the agent serves or starts from beside its code: the alert rules and recording rules,
 the Alertmanager routing, the runbooks (served at /runbooks), the example config and the systemd units. Their one
 source stays where operators and docs find them (deploy/, docs/, systemd/); the build copies them into
-gpuwatch/_shipped/ under the same relative paths, where gpuwatch.shipped finds them. An editable install reads them
+gpuwatch/_shipped/ under the same relative paths, where gpuwatch.files.shipped finds them. An editable install reads them
 from the checkout instead. Everything else is in pyproject.toml."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SHIPPED = (
 
 
 class BuildWithShippedFiles(build_py):
-    """build_py, then the SHIPPED files into the built package (not in editable mode: gpuwatch.shipped reads the
+    """build_py, then the SHIPPED files into the built package (not in editable mode: gpuwatch.files.shipped reads the
     checkout there)."""
 
     def run(self) -> None:

@@ -58,9 +58,10 @@ AGENT = """
 import resource, sys, time
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))  # LimitNOFILE=1024, as the unit
-from gpuwatch.agent import Agent, build_sources
-from gpuwatch.config import load_config
-from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.service.agent import Agent
+from gpuwatch.service.nodes import build_sources
+from gpuwatch.config.settings import load_config
+from gpuwatch.readers.kmsg import KernelLogXidReader
 import logging
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 port, state, kmsg, web = sys.argv[1:5]

@@ -31,17 +31,17 @@ import sys
 import tempfile
 
 DEFAULT = [
-    "gpuwatch.config",
-    "gpuwatch.cli",
-    "gpuwatch.simulation",
+    "gpuwatch.config.settings",
+    "gpuwatch.cli.main",
+    "gpuwatch.simulated.node",
     "gpuwatch.simulated.bindings",
     "ssl",
     "http.server",
     "prometheus_client",
     "statistics",
     "gpuwatch.probe.runner",
-    "gpuwatch.web",
-    "gpuwatch.agent",
+    "gpuwatch.web.server",
+    "gpuwatch.service.agent",
 ]
 
 

@@ -8,8 +8,9 @@ least disturbed by a shared machine). Each render is of readings the agent has n
 after a poll is (what `lines` remembers, prefixes and numbers, comes from earlier polls):
 
 - library: prometheus_client's own generate_latest over gpuwatch's collector (the oracle);
-- objects: gpuwatch.exporter.families (prometheus_client Metric objects) + exposition_fast.render (before #19);
-- lines: gpuwatch.exporter.export into exposition_fast.SeriesLines (the agent's path since #19).
+- objects: gpuwatch.exposition.exporter.families (prometheus_client Metric objects) + exposition.fast.render
+  (before #19);
+- lines: gpuwatch.exposition.exporter.export into exposition_fast.SeriesLines (the agent's path since #19).
 
 Every poll's three bodies are checked to be the same bytes.
 
@@ -28,12 +29,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
-from gpuwatch.exporter import export, families
-from gpuwatch.exposition_fast import SeriesLines, render
-from gpuwatch.simulation import simulated_sources
-from gpuwatch.store import StoreSnapshot
+from gpuwatch.config.settings import load_config
+from gpuwatch.exposition.exporter import export, families
+from gpuwatch.exposition.fast import SeriesLines, render
+from gpuwatch.service.agent import Agent
+from gpuwatch.simulated.node import simulated_sources
+from gpuwatch.state.store import StoreSnapshot
 
 
 class _SnapshotCollector(Collector):

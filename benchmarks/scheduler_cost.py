@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What one run of a scheduled job costs in APScheduler itself, with the agent's job defaults, an empty job.
 
-Run by hand. A BackgroundScheduler as gpuwatch.collector.Collectors.start_scheduler makes it (one instance a job,
-missed runs coalesced) runs a job that does nothing every `--interval` seconds for `--duration` seconds; the
+Run by hand. A BackgroundScheduler as gpuwatch.service.scheduling.Collectors.start_scheduler makes it (one instance a
+job, missed runs coalesced) runs a job that does nothing every `--interval` seconds for `--duration` seconds; the
 process's CPU (user + system, 10 ms ticks: keep the runs many) over the runs is divided by their number. The agent's
 poll is such a job every poll interval, so this is what its scheduling costs a node per poll, before any GPU is read.
 `--executor inline` runs jobs in the scheduler's own thread (APScheduler's DebugExecutor): the difference to `pool`

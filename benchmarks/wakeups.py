@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
-from gpuwatch.simulation import simulated_sources
+from gpuwatch.config.settings import load_config
+from gpuwatch.service.agent import Agent
+from gpuwatch.simulated.node import simulated_sources
 
 TICK_SECONDS = 1 / os.sysconf("SC_CLK_TCK")
 

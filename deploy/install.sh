@@ -162,7 +162,7 @@ choose_probe_engine() {
 # A shipped file (named as in the repository) from the package installed in the venv: the same files whichever
 # source was installed. -I: the current directory (a checkout, perhaps) is not on sys.path.
 shipped() {
-  "$prefix/bin/python" -I -c 'import sys; from gpuwatch.shipped import shipped_file; print(shipped_file(sys.argv[1]))' \
+  "$prefix/bin/python" -I -c 'import sys; from gpuwatch.files.shipped import shipped_file; print(shipped_file(sys.argv[1]))' \
     "$1" || die "the installed gpuwatch in $prefix lacks $1: is $source_spec a gpuwatch-agent release?"
 }
 

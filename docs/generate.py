@@ -3,7 +3,7 @@
     python docs/generate.py          # rewrite docs/metrics.md and docs/alerts.md
     python docs/generate.py --check  # exit 1 if a committed file differs from what this file generates
 
-docs/metrics.md is the metric catalogue (gpuwatch/metrics.py); docs/alerts.md the alert rules
+docs/metrics.md is the metric catalogue (gpuwatch/exposition/catalogue.py); docs/alerts.md the alert rules
 (deploy/prometheus/gpuwatch-alerts.yml), their thresholds (the `gpuwatch:threshold:*` recording rules of
 deploy/prometheus/gpuwatch-rules.yml) and the inhibitions of deploy/alertmanager/alertmanager.yml. The Markdown is
 committed so it reads on GitHub; tests/test_docs.py regenerates it and fails on a difference. The agent never imports
@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from gpuwatch.metrics import CATALOGUE, COLLECTORS, MetricSpec
-from gpuwatch.model import THROTTLE_REASONS
+from gpuwatch.core.model import THROTTLE_REASONS
+from gpuwatch.exposition.catalogue import CATALOGUE, COLLECTORS, MetricSpec
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -92,9 +92,9 @@ METRICS_INTRO = """\
 # gpuwatch metrics
 
 Every metric gpuwatch exports, with its type, labels, unit and meaning, generated from the catalogue
-`gpuwatch/metrics.py`. One schema for every vendor: an alert or a dashboard panel written once works on NVIDIA and AMD
-alike. Metrics may be added; none is renamed or re-labelled (`tests/fixtures/spec-names.json` keeps the names first
-agreed, and a test holds the catalogue to it).
+`gpuwatch/exposition/catalogue.py`. One schema for every vendor: an alert or a dashboard panel written once works on
+NVIDIA and AMD alike. Metrics may be added; none is renamed or re-labelled (`tests/fixtures/spec-names.json` keeps the
+names first agreed, and a test holds the catalogue to it).
 
 ## Conventions
 
@@ -135,7 +135,7 @@ def render_metrics() -> str:
         elif not sections:
             raise SystemExit(f"docs/generate.py: {spec.name} comes before the first section of SECTIONS")
         sections[-1][1].append(spec)
-    out = [_banner("gpuwatch/metrics.py"), METRICS_INTRO]
+    out = [_banner("gpuwatch/exposition/catalogue.py"), METRICS_INTRO]
     for title, specs in sections:
         out += [f"## {title}", ""]
         out += _table(("metric", "type", "labels", "unit", "meaning"), [_metric_row(s) for s in specs])

@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuwatch.cli import main
+from gpuwatch.cli.main import main
 
 sys.exit(main())

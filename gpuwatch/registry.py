@@ -5,7 +5,7 @@ A registration names the collector — the `collector` label of `gpuwatch_collec
 choice, the names the config's `agent.disable_collectors` accepts and the list in docs/metrics.md — and the module
 that builds it. That module defines ``collectors(context, name) -> list[Collector]`` and its `gpuwatch check` lines,
 ``check(config, sources, name) -> list[CheckLine]`` (the protocol, the schedules, the check lines and the one place
-every run is timed into the meta-metrics are in `gpuwatch/collector.py`). The module is named, not
+every run is timed into the meta-metrics are in `gpuwatch/collectors/base.py`). The module is named, not
 imported, here: this table sits below the configuration, and the service imports a collector only when it builds it.
 """
 
@@ -23,13 +23,13 @@ class Registration:
 
 
 REGISTRY: tuple[Registration, ...] = (
-    Registration("nvml", "gpuwatch.gpu_collector"),
-    Registration("amdsmi", "gpuwatch.gpu_collector"),
-    Registration("xid_events", "gpuwatch.events"),
-    Registration("hwmon", "gpuwatch.host.collectors"),
-    Registration("ipmi", "gpuwatch.host.collectors"),
-    Registration("probe", "gpuwatch.probe.collector"),
-    Registration("workloads", "gpuwatch.workloads.collector"),
+    Registration("nvml", "gpuwatch.collectors.nvml"),
+    Registration("amdsmi", "gpuwatch.collectors.amdsmi"),
+    Registration("xid_events", "gpuwatch.collectors.xid_events"),
+    Registration("hwmon", "gpuwatch.collectors.hwmon"),
+    Registration("ipmi", "gpuwatch.collectors.ipmi"),
+    Registration("probe", "gpuwatch.collectors.probe"),
+    Registration("workloads", "gpuwatch.collectors.workloads"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

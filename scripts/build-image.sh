@@ -143,7 +143,7 @@ in_root /opt/gpuwatch/bin/python -m pip check >/dev/null || die "pip check: the 
 in_root /opt/gpuwatch/bin/python -m pip uninstall -q -y pip setuptools >/dev/null
 # shellcheck disable=SC2086
 in_root dpkg --purge $BUILD_ONLY_PACKAGES >"$WORK/purge.log" 2>&1 || die "dpkg --purge failed: $(tail -5 "$WORK/purge.log")"
-in_root /opt/gpuwatch/bin/python -c 'import gpuwatch.cli, pynvml' || die "the venv cannot import gpuwatch"
+in_root /opt/gpuwatch/bin/python -c 'import gpuwatch.cli.main, pynvml' || die "the venv cannot import gpuwatch"
 
 say "5/7 user gpuwatch ($IMAGE_UID:$IMAGE_GID), state dir, cleanup"
 grep -q ":$IMAGE_UID:" "$ROOTFS/etc/passwd" && die "uid $IMAGE_UID is taken in the rootfs"

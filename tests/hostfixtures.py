@@ -7,9 +7,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuwatch.exporter import families
-from gpuwatch.model import HostSample
-from gpuwatch.store import SampleStore
+from gpuwatch.core.model import HostSample
+from gpuwatch.exposition.exporter import families
+from gpuwatch.state.store import SampleStore
 
 ASUS_BOARD = "Pro WS WRX80E-SAGE SE WIFI"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
-from gpuwatch.sdnotify import ServiceNotifier
+from gpuwatch.collectors.sources import NodeSources
+from gpuwatch.config.settings import load_config
+from gpuwatch.service.agent import Agent
+from gpuwatch.service.sdnotify import ServiceNotifier
+from gpuwatch.simulated.node import simulated_slot
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import simulated_slot
-from gpuwatch.sources import NodeSources
 
 POLL = 0.2
 

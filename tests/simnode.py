@@ -8,12 +8,12 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
-from gpuwatch.kmsg import KernelLogXidReader
-from gpuwatch.scenario_catalogue import SCENARIOS
+from gpuwatch.config.settings import load_config
+from gpuwatch.core.scenario_catalogue import SCENARIOS
+from gpuwatch.readers.kmsg import KernelLogXidReader
+from gpuwatch.service.agent import Agent
+from gpuwatch.simulated.node import simulated_sources
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import simulated_sources
 
 START_WALL = 1_800_000_000.0
 
@@ -57,8 +57,8 @@ class SimAgent:
         if probe is not None:
             overrides["probe"] = probe
         loaded = load_config(None, overrides)
-        # The one simulated-node factory (gpuwatch.simulation): its vendor backend (the real AMD SMI backend over the
-        # simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.
+        # The one simulated-node factory (gpuwatch.simulated.node): its vendor backend (the real AMD SMI backend over
+        # the simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.
         self.sources = simulated_sources(loaded, self.node, kernel_log=kernel_log, clock=self.clock.wall)
         sources = self.sources
         self.slot = sources.slots[0]

@@ -14,12 +14,12 @@ from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
+from gpuwatch.collectors.sources import BackendSlot, NodeSources
+from gpuwatch.config.settings import load_config
+from gpuwatch.service.agent import Agent
+from gpuwatch.simulated.node import simulated_slot
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import simulated_slot
-from gpuwatch.sources import BackendSlot, NodeSources
 
 POLL = 0.2
 

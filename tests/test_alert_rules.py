@@ -172,7 +172,7 @@ IGNORE = _codes(14, 37, 38, 43, 44, 63, 66, 67, 92, 93, (106, 108), 121, 137, 14
 # raised alone by a second arm of GpuXidWarning (its promtool cases).
 APPLICATION_XIDS = RESTART_APP | IGNORE | {"45"}
 # RESET_GPU, RESTART_BM (79), RESTART_VM (151), CHECK_MECHANICALS (54), WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR (74),
-# WORKFLOW_NVLINK5_ERR (144-150); and by gpuwatch's decision 61, 167 and 169 (gpuwatch/thresholds.py says why).
+# WORKFLOW_NVLINK5_ERR (144-150); and by gpuwatch's decision 61, 167 and 169 (gpuwatch/core/thresholds.py says why).
 RESET_OR_REBOOT_XIDS = _codes(46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, (144, 151))
 RESET_OR_REBOOT_XIDS |= _codes(155, 156, 158, 61, 167, 169)
 

@@ -14,17 +14,18 @@ import pytest
 from amd_releases import over_releases
 from simnode import SimAgent
 
-from gpuwatch import simulation
-from gpuwatch.agent import Agent
 from gpuwatch.backends.amdsmi import AmdSmiBackend, load_amdsmi
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.config import load_config
-from gpuwatch.model import GpuSample
+from gpuwatch.config.settings import load_config
+from gpuwatch.core.model import GpuSample
+from gpuwatch.service.agent import Agent
+from gpuwatch.service.nodes import build_sources
 from gpuwatch.simulated import amdsmi_readings
+from gpuwatch.simulated import node as simulation
 from gpuwatch.simulated.amdsmi_clib import SimulatedLibAmdSmi, Status
 from gpuwatch.simulated.amdsmi_sim import library_of, simulated_amdsmi
+from gpuwatch.simulated.node import VERSION_ENV, simulated_amd_slot
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import VERSION_ENV, build_sources, simulated_amd_slot
 
 
 class Clock:

@@ -26,7 +26,7 @@ import pytest
 
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.backends.nvml import NvmlBackend, load_pynvml
-from gpuwatch.model import THROTTLE_REASONS, GpuSample
+from gpuwatch.core.model import THROTTLE_REASONS, GpuSample
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
 

@@ -90,11 +90,12 @@ def test_every_registered_collector_says_its_own_line(
     said as such, and a new registration brings its own line (and its remedy) with no change to the command."""
     import types
 
-    from gpuwatch import collector, commands
-    from gpuwatch.collector import CheckLine, check_lines
-    from gpuwatch.config import load_config
+    from gpuwatch.cli import commands
+    from gpuwatch.collectors import base as collector
+    from gpuwatch.collectors.base import CheckLine, check_lines
+    from gpuwatch.config.settings import load_config
     from gpuwatch.registry import COLLECTORS, REGISTRY, Registration
-    from gpuwatch.simulation import build_sources
+    from gpuwatch.service.nodes import build_sources
 
     config = load_config(None, {"agent": {"backend": "simulated", "state_dir": str(tmp_path)}})
     said = {name for name, _ in check_lines(config, build_sources(config))}
@@ -120,7 +121,7 @@ def test_every_registered_collector_says_its_own_line(
 
 
 def test_a_warn_or_fail_line_without_a_remedy_is_refused() -> None:
-    from gpuwatch.collector import CheckLine
+    from gpuwatch.collectors.base import CheckLine
 
     with pytest.raises(ValueError, match="without a remedy"):
         CheckLine("warn", "probe engine", "none installed")

@@ -1,4 +1,5 @@
-"""The scheduler's job hook and the recording of collectors that run on their own threads (gpuwatch.collector)."""
+"""The scheduler's job hook and the recording of collectors that run on their own threads
+(gpuwatch.service.scheduling)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpuwatch.collector import CollectorContext, Collectors, Threads, then
-from gpuwatch.config import load_config
-from gpuwatch.sources import NodeSources
-from gpuwatch.store import SampleStore
+from gpuwatch.collectors.base import CollectorContext, Threads
+from gpuwatch.collectors.sources import NodeSources
+from gpuwatch.config.settings import load_config
+from gpuwatch.service.scheduling import Collectors, then
+from gpuwatch.state.store import SampleStore
 
 
 def _collectors(tmp_path_str: str, stopping: threading.Event) -> Collectors:

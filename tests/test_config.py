@@ -8,7 +8,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
-from gpuwatch.config import _SECTIONS, ConfigError, _coerce, load_config, parse_listen
+from gpuwatch.config.settings import _SECTIONS, ConfigError, _coerce, load_config, parse_listen
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config import ConfigError, load_config
+from gpuwatch.config.settings import ConfigError, load_config
 
 
 def test_every_problem_at_once(tmp_path: Path) -> None:

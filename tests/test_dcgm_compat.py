@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 from test_exposition_fast import ACCEPTS, library_and_fast
 
-from gpuwatch.config import CompatSection, ConfigError, load_config
-from gpuwatch.dcgm_compat import NAMES, dcgm_extension
-from gpuwatch.dcgm_fields import FIELDS
-from gpuwatch.exporter import GpuwatchCollector
-from gpuwatch.exposition_cache import CachedExposition
+from gpuwatch.config.settings import CompatSection, ConfigError, load_config
+from gpuwatch.exposition.cache import CachedExposition
+from gpuwatch.exposition.dcgm_compat import NAMES, dcgm_extension
+from gpuwatch.exposition.dcgm_fields import FIELDS
+from gpuwatch.exposition.exporter import GpuwatchCollector
 from gpuwatch.simulated.bindings import simulated_pynvml
 
 Series = dict[tuple[str, str], tuple[dict[str, str], float]]  # (DCGM name, gpu) -> (labels, value)
@@ -302,7 +302,7 @@ def test_the_migration_guide_lists_every_field() -> None:
 def test_a_reload_keeps_the_running_compat_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """The exposition is built at start-up: a SIGHUP with another [compat] keeps the running one and says a restart
     applies it, as for [probe] and [host]."""
-    from gpuwatch.startup import live_part
+    from gpuwatch.service.startup import live_part
 
     old = load_config(None)
     new = load_config(None, {"compat": {"dcgm": True}})

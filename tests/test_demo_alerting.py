@@ -27,7 +27,7 @@ import pytest
 from ports import free_port
 from processes import stop
 
-from gpuwatch.promstack import ServerStartError, StopFlag, start_server
+from gpuwatch.cli.promstack import ServerStartError, StopFlag, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

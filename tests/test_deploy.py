@@ -19,7 +19,7 @@ from test_systemd_unit import install_root
 
 import gpuwatch
 from gpuwatch import __version__
-from gpuwatch.config import load_config
+from gpuwatch.config.settings import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 ANSIBLE = REPO / "deploy" / "ansible"

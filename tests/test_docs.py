@@ -13,9 +13,9 @@ import pytest
 import yaml
 from repofiles import REPO, load_script
 
-from gpuwatch.cli import build_parser
-from gpuwatch.exitcodes import MEANINGS
-from gpuwatch.metrics import CATALOGUE
+from gpuwatch.cli.main import build_parser
+from gpuwatch.core.exitcodes import MEANINGS
+from gpuwatch.exposition.catalogue import CATALOGUE
 
 GENERATOR = REPO / "docs" / "generate.py"
 
@@ -55,7 +55,8 @@ def test_every_metric_and_alert_is_in_its_reference() -> None:
 
 
 def test_readme_and_help_give_every_exit_status() -> None:
-    """The exit statuses are defined once (gpuwatch/exitcodes.py); the README's list and `gpuwatch --help` name each."""
+    """The exit statuses are defined once (gpuwatch/core/exitcodes.py); the README's list and `gpuwatch --help` name
+    each."""
     readme = (REPO / "README.md").read_text()
     listed = readme.split("Exit status:", 1)[1].split("A missing or broken GPU driver", 1)[0]
     assert {int(n) for n in re.findall(r"(?<![\w`-])(\d+) ", listed)} == set(MEANINGS), listed

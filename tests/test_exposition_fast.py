@@ -17,10 +17,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from simnode import IN_THREAD_SCENARIOS, SimAgent
 
-from gpuwatch import exposition_fast
-from gpuwatch.exporter import GpuwatchCollector, export
-from gpuwatch.exposition_fast import Row, SeriesLines, fast_format, render
-from gpuwatch.metrics import CATALOGUE
+from gpuwatch.exposition import fast as exposition_fast
+from gpuwatch.exposition.catalogue import CATALOGUE
+from gpuwatch.exposition.exporter import GpuwatchCollector, export
+from gpuwatch.exposition.fast import Row, SeriesLines, fast_format, render
 
 ACCEPTS = {
     "classic text (curl, Prometheus < 2.5)": "",
@@ -107,8 +107,8 @@ def test_what_it_does_not_write_goes_back_to_the_library() -> None:
 # --- properties: the library is the oracle for any label value, help text and number ------------------------------
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared CI host
-# Names as the catalogue makes them (gpuwatch/metrics.py: letters, digits, underscores; no colons, which are for
-# recording rules), valid by construction: the encoder writes names as they are and escapes only what varies. A
+# Names as the catalogue makes them (gpuwatch/exposition/catalogue.py: letters, digits, underscores; no colons, which
+# are for recording rules), valid by construction: the encoder writes names as they are and escapes only what varies. A
 # reserved label name (`__` first) goes back to the library (test_what_it_does_not_write_goes_back_to_the_library).
 LEGACY_METRIC = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)
 LEGACY_LABEL = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filter(lambda name: name[:2] != "__")
@@ -181,7 +181,7 @@ _ROWS = {name: Row(name) for name in CATALOGUE}  # kept across examples, as the 
 
 
 class _Library(Collector):
-    """The same samples as prometheus_client objects, made the way gpuwatch.exporter makes them."""
+    """The same samples as prometheus_client objects, made the way gpuwatch.exposition.exporter makes them."""
 
     def __init__(self, samples: list[tuple[str, tuple[str, ...], float]]) -> None:
         self.samples = samples

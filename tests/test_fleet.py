@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ports import free_port_range
 
-from gpuwatch.simulated.fleet import FleetError, make_plan, parse_fault, parse_node_config
+from gpuwatch.cli.fleet import FleetError, make_plan, parse_fault, parse_node_config
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 

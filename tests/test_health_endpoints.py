@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_agent_faults import POLL, Running, wait_for
 
-from gpuwatch.gpu_collector import STUCK_MIN_SECONDS
+from gpuwatch.collectors.vendors import STUCK_MIN_SECONDS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 from simnode import SimAgent
 
-from gpuwatch.collector import CollectorContext, Collectors
-from gpuwatch.config import Config, load_config
-from gpuwatch.host.collectors import build_host_sources
-from gpuwatch.sources import NodeSources
-from gpuwatch.store import SampleStore
+from gpuwatch.collectors.base import CollectorContext
+from gpuwatch.collectors.host import build_host_sources
+from gpuwatch.collectors.sources import NodeSources
+from gpuwatch.config.settings import Config, load_config
+from gpuwatch.service.scheduling import Collectors
+from gpuwatch.state.store import SampleStore
 
 PSU1 = {"chip": "pmbus-i2c-7-58", "sensor": "vout1"}
 

@@ -15,10 +15,10 @@ from hostfixtures import ASUS_BOARD, add_chip, exported, server_tree, set_board,
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.host import hwmon as hwmon_module
-from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.sensormap import load_sensor_maps
-from gpuwatch.model import HostSample
+from gpuwatch.core.model import HostSample
+from gpuwatch.files.sensormap import load_sensor_maps
+from gpuwatch.readers import hwmon as hwmon_module
+from gpuwatch.readers.hwmon import HwmonReader
 
 REPO = Path(__file__).resolve().parent.parent
 ASUS_MAP = REPO / "deploy" / "sensor-maps" / "asus-pro-ws-nct6798.toml"

@@ -13,7 +13,8 @@ from hostfixtures import exported
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.host.ipmi import (
+from gpuwatch.core.model import HostPsu, HostSample
+from gpuwatch.readers.ipmi import (
     PSU_COMMAND,
     SENSOR_COMMAND,
     THRESHOLDS,
@@ -28,7 +29,6 @@ from gpuwatch.host.ipmi import (
     readings_from_sensors,
     redundancy_lost,
 )
-from gpuwatch.model import HostPsu, HostSample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ipmi"
 
@@ -298,7 +298,7 @@ def test_usable_says_what_is_missing(tmp_path: Path) -> None:
 
 def test_a_negative_rail_keeps_its_sign() -> None:
     """A healthy -12 V rail reads -12.05: its nominal is -12, never 12 (which made HostPsuRailUndervoltage fire)."""
-    from gpuwatch.host.rails import nominal_from_name
+    from gpuwatch.readers.rails import nominal_from_name
 
     assert [nominal_from_name(n) for n in ("-12V", "N12V", "12V NEG", "-5V", "+12V", "P12V", "12V")] == [
         -12.0,
@@ -319,8 +319,9 @@ def test_a_bmc_this_user_cannot_open_is_not_reported_as_no_bmc(
 ) -> None:
     """Tests run as root, so the permission problem is simulated for the fixture device only: first the file mode
     (os.access), then the device cgroup of a unit without the ipmi.conf drop-in (open() refused, access() fine)."""
-    from gpuwatch.host.collectors import HostSource, check_source
-    from gpuwatch.host.report import print_host_table, read_host
+    from gpuwatch.cli.host_report import print_host_table, read_host
+    from gpuwatch.collectors.host import check_source
+    from gpuwatch.collectors.sources import HostSource
 
     tool = fake_ipmitool(tmp_path, "")
     device = tmp_path / "ipmi0"

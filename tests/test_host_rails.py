@@ -8,8 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.host.ipmi import parse_sensor_list, readings_from_sensors
-from gpuwatch.host.rails import (
+from gpuwatch.cli.host_report import print_host_table
+from gpuwatch.core.model import HostSample, HostVoltage
+from gpuwatch.readers.ipmi import parse_sensor_list, readings_from_sensors
+from gpuwatch.readers.rails import (
     INFER_WINDOW,
     STANDARD_RAILS,
     declared_undervoltage,
@@ -19,8 +21,6 @@ from gpuwatch.host.rails import (
     nominal_from_reading,
     tolerance_for,
 )
-from gpuwatch.host.report import print_host_table
-from gpuwatch.model import HostSample, HostVoltage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ipmi"
 

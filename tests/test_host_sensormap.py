@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.host.sensormap import Compute, SensorMapError, find_input, load_sensor_maps
+from gpuwatch.files.sensormap import Compute, SensorMapError, find_input, load_sensor_maps
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuwatch import webconfig
-from gpuwatch.authlimit import BURST, FailureLimiter
-from gpuwatch.config import ConfigError
-from gpuwatch.webconfig import BasicAuth, load_web_config
+from gpuwatch.config.settings import ConfigError
+from gpuwatch.web import webconfig
+from gpuwatch.web.authlimit import BURST, FailureLimiter
+from gpuwatch.web.webconfig import BasicAuth, load_web_config
 
 GOOD = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config import ConfigError, load_config
-from gpuwatch.host.sensormap import SensorMapError, load_sensor_maps
+from gpuwatch.config.settings import ConfigError, load_config
+from gpuwatch.files.sensormap import SensorMapError, load_sensor_maps
 
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]
 

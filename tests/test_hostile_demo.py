@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuwatch.config import DEFAULT_PORT
-from gpuwatch.statedir import demo_state_dir, make_private_dir, state_dir_problem
+from gpuwatch.config.settings import DEFAULT_PORT
+from gpuwatch.files.statedir import demo_state_dir, make_private_dir, state_dir_problem
 
 
 def test_the_demo_keeps_its_state_out_of_shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

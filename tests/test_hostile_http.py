@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from test_webconfig import Pki, _cert, _key, _pem, _write_key, pki  # noqa: F401  (pki: the module's fixture)
 
-from gpuwatch import connections
-from gpuwatch.connections import MAX_HEAD_BYTES, MAX_LINE_BYTES, ConnectionTable
-from gpuwatch.web import HttpServer, _Server, make_app
-from gpuwatch.webconfig import apply_web_config
+from gpuwatch.web import connections
+from gpuwatch.web.connections import MAX_HEAD_BYTES, MAX_LINE_BYTES, ConnectionTable
+from gpuwatch.web.server import HttpServer, _Server, make_app
+from gpuwatch.web.webconfig import apply_web_config
 
 
 def serve(limit: int | None = None, web_config: Path | None = None) -> HttpServer:
@@ -232,7 +232,7 @@ def test_the_listen_backlog_takes_200_simultaneous_connects() -> None:
 EMFILE_AGENT = textwrap.dedent("""
     import resource, sys, time
     from prometheus_client import CollectorRegistry
-    from gpuwatch.web import HttpServer, make_app
+    from gpuwatch.web.server import HttpServer, make_app
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     server = HttpServer("127.0.0.1", 0, make_app(CollectorRegistry(), lambda: (True, "ok"), lambda: ""))
     server.start()

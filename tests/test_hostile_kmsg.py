@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from simnode import START_WALL, SimAgent
 
-from gpuwatch.kmsg import KernelLogXidReader, parse_record, parse_xid
-from gpuwatch.model import GpuEvent
-from gpuwatch.store import SampleStore
-from gpuwatch.xid import OTHER_XID, XID_MAX, fold_xid, xid_label
+from gpuwatch.core.model import GpuEvent
+from gpuwatch.core.xid import OTHER_XID, XID_MAX, fold_xid, xid_label
+from gpuwatch.readers.kmsg import KernelLogXidReader, parse_record, parse_xid
+from gpuwatch.state.store import SampleStore
 
 BOOT = START_WALL - 3600.0
 REAL = "NVRM: Xid (PCI:{bus}): {xid}, pid=1234, name=python, GPU has fallen off the bus."

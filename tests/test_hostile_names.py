@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hostfixtures import add_chip
 
-from gpuwatch.exposition_cache import CachedExposition
-from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiReader, LocalBmc
-from gpuwatch.model import HostReadingValue, HostSample
-from gpuwatch.store import SampleStore
+from gpuwatch.core.model import HostReadingValue, HostSample
+from gpuwatch.exposition.cache import CachedExposition
+from gpuwatch.readers.hwmon import HwmonReader
+from gpuwatch.readers.ipmi import IpmiReader, LocalBmc
+from gpuwatch.state.store import SampleStore
 
 SENSOR = b"12V\xff\xfe | 12.100 | Volts | ok | na | 10.8 | 11.2 | 12.8 | 13.2 | na\n"
 

@@ -10,7 +10,7 @@ import pytest
 from simnode import SimAgent
 from test_probe_runner import QUICK, production, runner
 
-from gpuwatch.model import GpuIdentity
+from gpuwatch.core.model import GpuIdentity
 from gpuwatch.probe.launch import WorkerLauncher, worker_argv
 
 # The production worker, told an engine is there: it starts, parses its arguments, looks for the engine and answers

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.commands import check
-from gpuwatch.config import load_config
-from gpuwatch.probe.baseline import BASELINES_FILE, Baselines
-from gpuwatch.probe.locks import LockUnavailable, lock_path, try_lock, unlock
-from gpuwatch.statedir import (
+from gpuwatch.cli.commands import check
+from gpuwatch.config.settings import load_config
+from gpuwatch.files.statedir import (
     AgentLock,
     StateDirBusy,
     clean_stale_temp_files,
     state_dir_problem,
 )
-from gpuwatch.statefile import KNOWN_GPUS_FILE, MAX_STATE_FILE_BYTES, KnownGpus, atomic_write_json
+from gpuwatch.files.statefile import KNOWN_GPUS_FILE, MAX_STATE_FILE_BYTES, KnownGpus, atomic_write_json
+from gpuwatch.probe.baseline import BASELINES_FILE, Baselines
+from gpuwatch.probe.locks import LockUnavailable, lock_path, try_lock, unlock
 
 UUID = "GPU-edaa9d68-a820-baa4-66f3-e07b41c6c0d3"
 GPUWATCH = [sys.executable, "-m", "gpuwatch"]

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.kmsg import (
+from gpuwatch.core.xid import OTHER_XID, XID_MAX, XID_MIN, fold_xid, xid_from_digits, xid_label
+from gpuwatch.readers.kmsg import (
     KernelLogXidReader,
     KernelXid,
     KmsgRecord,
@@ -23,7 +24,6 @@ from gpuwatch.kmsg import (
     parse_sxid,
     parse_xid,
 )
-from gpuwatch.xid import OTHER_XID, XID_MAX, XID_MIN, fold_xid, xid_from_digits, xid_label
 
 BOOT = 1_700_000_000.0
 
@@ -475,7 +475,7 @@ def test_property_normalize_never_raises(text: str) -> None:
 @PROPERTY
 @given(XID_DIGITS)
 def test_property_an_xid_of_any_length_folds_to_one_bounded_label(digits: str) -> None:
-    """gpuwatch.xid: codes 1..999 keep their own xid label, anything else (0, 1000+, 5,000 digits) is "other"."""
+    """gpuwatch.core.xid: codes 1..999 keep their own xid label, anything else (0, 1000+, 5,000 digits) is "other"."""
     code = xid_from_digits(digits)
     value = int(digits.lstrip("0") or "0") if len(digits.lstrip("0")) <= 4 else None
     if value is not None and XID_MIN <= value <= XID_MAX:

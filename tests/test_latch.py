@@ -1,4 +1,4 @@
-"""The one warn-once / log-recovery latch (gpuwatch/latch.py): a problem seen at every poll is one line when it
+"""The one warn-once / log-recovery latch (gpuwatch/core/latch.py): a problem seen at every poll is one line when it
 starts, one when it clears, and one again when it comes back — per key, so one GPU never silences another."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from gpuwatch.latch import Latch
+from gpuwatch.core.latch import Latch
 
 log = logging.getLogger("gpuwatch.test_latch")
 
@@ -94,12 +94,12 @@ def test_a_vendor_library_down_is_said_once_and_its_return_once(caplog: pytest.L
     """The nvml collector over the real NVML backend: the simulated libnvml missing (scenario backend_down: nvmlInit
     fails with NVML_ERROR_LIBRARY_NOT_FOUND) at every retry is one ERROR, the library loading later one INFO, and a
     new outage after that an ERROR again."""
-    from gpuwatch.config import load_config
-    from gpuwatch.gpu_collector import VendorCollectors
+    from gpuwatch.collectors.sources import BackendSlot
+    from gpuwatch.collectors.vendors import VendorCollectors
+    from gpuwatch.config.settings import load_config
+    from gpuwatch.simulated.node import simulated_slot
     from gpuwatch.simulated.scenarios import SimulatedNode
-    from gpuwatch.simulation import simulated_slot
-    from gpuwatch.sources import BackendSlot
-    from gpuwatch.store import SampleStore
+    from gpuwatch.state.store import SampleStore
 
     down = simulated_slot(SimulatedNode("backend_down", gpus=2))
     up = simulated_slot(SimulatedNode("healthy", gpus=2))
@@ -108,7 +108,7 @@ def test_a_vendor_library_down_is_said_once_and_its_return_once(caplog: pytest.L
     config = load_config(None, {"agent": {"backend": "simulated"}})
     store = SampleStore(poll_interval_seconds=1.0)
     vendors = VendorCollectors([slot], store, lambda: config, lambda: float(state["now"]), threading.Event())
-    with caplog.at_level(logging.INFO, logger="gpuwatch.agent"):
+    with caplog.at_level(logging.INFO, logger="gpuwatch.collectors.nvml"):
         for now in (0.0, 1.0, 3.0, 7.0):  # every retry of the backoff finds it missing
             state["now"] = now
             assert not vendors.poll(slot)
@@ -118,5 +118,5 @@ def test_a_vendor_library_down_is_said_once_and_its_return_once(caplog: pytest.L
         vendors.close()  # the library gone from under the agent: the next poll opens it again
         state.update(driver_loaded=False, now=200.0)
         assert not vendors.poll(slot)
-    said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "gpuwatch.agent"]
+    said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "gpuwatch.collectors.nvml"]
     assert said == [("ERROR", "nvml unavailable"), ("INFO", "nvml is available again"), ("ERROR", "nvml unavailable")]

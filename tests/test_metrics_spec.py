@@ -8,7 +8,7 @@ import re
 import pytest
 from repofiles import SPEC_NAMES, spec_names
 
-from gpuwatch.metrics import CATALOGUE, COLLECTORS
+from gpuwatch.exposition.catalogue import CATALOGUE, COLLECTORS
 
 
 def spec_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:

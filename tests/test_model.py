@@ -11,8 +11,8 @@ from typing import Literal, get_args, get_origin
 
 from simnode import SimAgent
 
-from gpuwatch import model
-from gpuwatch.model import GpuSample, copy_sample
+from gpuwatch.core import model
+from gpuwatch.core.model import GpuSample, copy_sample
 
 # The model's closed vocabularies (Literal aliases of strings, e.g. ComputeMode) are as immutable as str.
 LITERALS = [

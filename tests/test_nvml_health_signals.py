@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpuwatch.backends.nvml import NvmlBackend
-from gpuwatch.model import GpuSample
+from gpuwatch.core.model import GpuSample
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_CORRUPTED_INFOROM
 from gpuwatch.simulated.scenarios import SimulatedNode

@@ -26,7 +26,7 @@ LAUNCHER = textwrap.dedent(
     from gpuwatch.simulated.libnvml import SimulatedLibNvml
     from gpuwatch.simulated.scenarios import SimulatedNode
     pynvml.nvmlLib = SimulatedLibNvml(SimulatedNode("xid", gpus=2))  # an H100 pair offering XID events
-    from gpuwatch.cli import main
+    from gpuwatch.cli.main import main
     sys.exit(main(sys.argv[1:]))
     """
 )

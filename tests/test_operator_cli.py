@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch import probe_command
-from gpuwatch.cli import PROBE_SCENARIO_INTERVAL_SECONDS, SCENARIO_SUMMARIES, _scenario_needs_probe
-from gpuwatch.config import load_config
-from gpuwatch.scenario_catalogue import SCENARIOS
-from gpuwatch.sources import NodeSources
+from gpuwatch.cli import probe_command
+from gpuwatch.cli.main import PROBE_SCENARIO_INTERVAL_SECONDS, SCENARIO_SUMMARIES, _scenario_needs_probe
+from gpuwatch.collectors.sources import NodeSources
+from gpuwatch.config.settings import load_config
+from gpuwatch.core.scenario_catalogue import SCENARIOS
 
 
 @pytest.mark.parametrize("command", ["demo", "simulate-fleet"])
@@ -121,7 +121,7 @@ def test_demo_help_shows_the_demos_own_defaults() -> None:
 
 def test_snapshot_without_a_gpu_points_at_the_simulated_node(tmp_path: Path) -> None:
     """On a machine with no GPU (CI's, this one: pci.py reads none), the table says so and how to see one."""
-    from gpuwatch.pci import count_pci_gpus
+    from gpuwatch.readers.pci import count_pci_gpus
 
     if any(count_pci_gpus().values()):
         pytest.skip("this machine has a GPU on its PCI bus")
@@ -132,7 +132,7 @@ def test_snapshot_without_a_gpu_points_at_the_simulated_node(tmp_path: Path) -> 
 
 
 def test_the_demo_says_which_gpu_overheats(tmp_path: Path) -> None:
-    """The demo's log names the scenario's faults as the status page does (gpuwatch/demo_findings.py), once each."""
+    """The demo's log names the scenario's faults as the status page does (gpuwatch/cli/demo_findings.py), once each."""
     from ports import free_port
 
     proc = subprocess.Popen(

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch import pci
-from gpuwatch.pci import count_pci_gpus, pci_gpu_addresses
+from gpuwatch.readers import pci
+from gpuwatch.readers.pci import count_pci_gpus, pci_gpu_addresses
 
 
 def add_device(root: Path, address: str, vendor: str, pci_class: str) -> Path:

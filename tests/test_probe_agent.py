@@ -95,10 +95,10 @@ def test_stop_during_a_probe_round_leaves_no_thread_or_worker_of_the_agent(tmp_p
     import psutil
     from ports import free_port
 
-    from gpuwatch.agent import Agent as InProcessAgent
-    from gpuwatch.config import load_config
+    from gpuwatch.config.settings import load_config
+    from gpuwatch.service.agent import Agent as InProcessAgent
+    from gpuwatch.service.nodes import build_sources
     from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
-    from gpuwatch.simulation import build_sources
 
     before = set(threading.enumerate())
     agent_config = {"backend": "simulated", "state_dir": str(tmp_path), "listen": f"127.0.0.1:{free_port()}"}

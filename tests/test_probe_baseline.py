@@ -161,8 +161,8 @@ def test_a_baseline_file_without_the_uncapped_mark_still_loads(tmp_path: Path) -
 
 
 def test_the_previous_baseline_is_exported_beside_the_current_one() -> None:
-    from gpuwatch.exporter import export_probe
-    from gpuwatch.probebook import ProbeBook
+    from gpuwatch.exposition.exporter import export_probe
+    from gpuwatch.state.probebook import ProbeBook
 
     book = ProbeBook()
     book.configure(enabled=True, interval_seconds=600.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config import ConfigError, load_config
+from gpuwatch.config.settings import ConfigError, load_config
 
 
 def gpuwatch_probe(state_dir: Path, *args: str, scenario: str = "underperforming") -> subprocess.CompletedProcess[str]:

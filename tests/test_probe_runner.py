@@ -18,13 +18,13 @@ import psutil
 import pytest
 from simnode import SimAgent
 
-from gpuwatch.config import ProbeSection
+from gpuwatch.config.settings import ProbeSection
 from gpuwatch.probe.children import PROC_PID_INIT_INO, _pids_of, pid_namespace_inode
 from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.runner import ProbeRunner
-from gpuwatch.probebook import RESULTS
 from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
+from gpuwatch.state.probebook import RESULTS
 
 QUICK = ProbeSection(
     interval_seconds=60.0, timeout_seconds=30.0, warmup_min_seconds=0.0, warmup_max_seconds=0.0, measure_seconds=0.1
@@ -153,7 +153,7 @@ def test_a_container_pid_namespace_is_skipped_unsupported_and_says_why(
     assert pid_namespace_inode(tmp_path / "missing") is None
     command = [sys.executable, "-c", "print('not a result')"]  # a worker that ran is `failed`, never skipped
     probe = runner(sim, tmp_path, launcher=production(["cupy"], pid_namespace_inode(other), command))
-    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+    with caplog.at_level("WARNING", logger="gpuwatch.probe"):
         first, second = probe.run(), probe.run()
     assert {o.result for o in first + second} == {"skipped_unsupported"}  # the worker never ran (it would fail)
     assert "own PID namespace" in first[0].reason and "hostPID: true" in first[0].reason
@@ -180,7 +180,7 @@ def test_mig_and_exclusive_compute_mode_are_skipped_unsupported(sim: SimAgent, t
 
 
 def _reading(identity, sample):  # type: ignore[no-untyped-def]
-    from gpuwatch.model import GpuReading
+    from gpuwatch.core.model import GpuReading
 
     return GpuReading(identity, sample)
 
@@ -335,7 +335,7 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
     settings = dataclasses.replace(QUICK, timeout_seconds=1.0)
     probe = runner(sim, tmp_path, settings, command=[sys.executable, str(script)])
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+    with caplog.at_level("WARNING", logger="gpuwatch.probe"):
         outcomes = probe.run(gpus={0})
     assert time.monotonic() - started < 10
     assert [(o.result, "could not be killed" in o.reason) for o in outcomes] == [("timeout", True)]
@@ -352,7 +352,7 @@ def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
     os.kill(stuck.proc.pid, 9)  # the driver lets go at last
     time.sleep(0.5)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="gpuwatch.probe.runner"):
+    with caplog.at_level("WARNING", logger="gpuwatch.probe"):
         assert [o.result for o in probe.run(gpus={0})] == ["timeout"]
     assert "survived SIGKILL has exited" in caplog.text
     assert stuck.proc.returncode is not None
@@ -365,9 +365,9 @@ def test_a_gpu_that_never_reaches_its_power_limit_still_gets_a_baseline_and_says
     sim: SimAgent, tmp_path: Path
 ) -> None:
     """Real worker children that report power_capped false (warm-up ended at warmup_max, never at the cap)."""
-    from gpuwatch.config import load_config
+    from gpuwatch.collectors.probe import uncapped_baselines
+    from gpuwatch.config.settings import load_config
     from gpuwatch.probe.baseline import UNCAPPED_PROBES_TO_ESTABLISH
-    from gpuwatch.probe.collector import uncapped_baselines
 
     script = tmp_path / "uncapped.py"
     script.write_text(
@@ -466,7 +466,7 @@ def test_a_slow_gpu_is_a_warning_once_and_its_recovery_a_line(caplog: pytest.Log
     from gpuwatch.probe.readings import SpeedLog
 
     speed = SpeedLog()
-    with caplog.at_level(logging.INFO, logger="gpuwatch.probe.runner"):
+    with caplog.at_level(logging.INFO, logger="gpuwatch.probe"):
         for ratio in (0.99, 0.80, 0.81, 0.82, 0.99, 0.99):
             speed.judge(6, "GPU-6", ratio)
     levels = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]

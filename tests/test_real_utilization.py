@@ -19,13 +19,13 @@ from simnode import SimAgent
 
 from gpuwatch.backends.amdsmi import AmdSmiBackend
 from gpuwatch.backends.nvml import NvmlBackend
-from gpuwatch.exporter import families
-from gpuwatch.gpu_collector import _activity_lines
-from gpuwatch.model import GpuSample
+from gpuwatch.collectors.vendors import _activity_lines
+from gpuwatch.core.model import GpuSample
+from gpuwatch.exposition.exporter import families
 from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.store import SampleStore
+from gpuwatch.state.store import SampleStore
 
 WALL = 1_800_000_000.0
 

@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
-from gpuwatch.exposition_cache import CachedExposition
-from gpuwatch.store import STALE_AFTER_POLLS
+from gpuwatch.exposition.cache import CachedExposition
+from gpuwatch.state.store import STALE_AFTER_POLLS
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwatch.config import _SECTIONS, Config, ConfigError, load_config
+from gpuwatch.config.settings import _SECTIONS, Config, ConfigError, load_config
 
 KNOWN_KEYS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in _SECTIONS.items()}
 NAMES = sorted({*KNOWN_KEYS, *(k for keys in KNOWN_KEYS.values() for k in keys)})

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reliability_agent import POLL, LiveAgent, wait_for
 from simnode import SimAgent
 
-from gpuwatch.sdnotify import SdNotifier, ServiceNotifier
+from gpuwatch.service.sdnotify import SdNotifier, ServiceNotifier
 from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.nvml_constants import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -29,7 +29,7 @@ POLLS = 200
 
 def long_lived_threads() -> set[str]:
     """The agent's own threads (HTTP server, scheduler, event readers), not the per-request ones."""
-    per_request = ("process_request_thread", "http-conn")  # gpuwatch/web.py names each connection's thread
+    per_request = ("process_request_thread", "http-conn")  # gpuwatch/web/server.py names each connection's thread
     return {t.name for t in threading.enumerate() if not any(p in t.name for p in per_request)}
 
 

@@ -164,7 +164,7 @@ def test_clients_that_disconnect_mid_response(live: LiveAgent, capfd: pytest.Cap
 def test_a_stalled_client_is_cut_off_at_the_timeout_quietly(
     live: LiveAgent, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuwatch import web
+    from gpuwatch.web import server as web
 
     monkeypatch.setattr(web._QuietHandler, "timeout", 0.5)  # the 30 s client timeout, shortened
     with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:

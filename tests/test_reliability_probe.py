@@ -15,7 +15,7 @@ import pytest
 from simnode import SimAgent
 from test_probe_runner import fixed
 
-from gpuwatch.config import ProbeSection
+from gpuwatch.config.settings import ProbeSection
 from gpuwatch.probe.runner import ProbeRunner
 
 QUICK = ProbeSection(

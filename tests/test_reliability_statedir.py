@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
-from gpuwatch.host.ipmi import PSU_STATE_KIND, IpmiReader
+from gpuwatch.files.statefile import STATE_VERSION, atomic_write_json, read_json
+from gpuwatch.readers.ipmi import PSU_STATE_KIND, IpmiReader
 from gpuwatch.simulated.host_sensors import SimulatedBmc, SimulatedHost
-from gpuwatch.statefile import STATE_VERSION, atomic_write_json, read_json
 
 QUICK_PROBE = {
     "interval_seconds": 60.0,

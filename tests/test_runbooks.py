@@ -27,14 +27,14 @@ from prometheus_client import CollectorRegistry
 from promrules import PROM_DIR, ROOT, every_alert_rule, first_step, runbook_sections
 from test_alerts_e2e import _get, _poll, _stop, scale_durations
 
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
-from gpuwatch.runbooks_page import CONTENT_SECURITY_POLICY, RunbooksPage, render_markdown
-from gpuwatch.shipped import shipped_file
+from gpuwatch.collectors.sources import NodeSources
+from gpuwatch.config.settings import load_config
+from gpuwatch.files.shipped import shipped_file
+from gpuwatch.service.agent import Agent
+from gpuwatch.simulated.node import simulated_slot
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import simulated_slot
-from gpuwatch.sources import NodeSources
-from gpuwatch.web import HttpServer, make_app
+from gpuwatch.web.runbooks_page import CONTENT_SECURITY_POLICY, RunbooksPage, render_markdown
+from gpuwatch.web.server import HttpServer, make_app
 
 # The two shapes of runbook_url (whitespace as the folded YAML leaves it): the operator's base, else the agent of the
 # alert's instance; GpuwatchDown's agent is the one that is down and GpuProbeRegressionFleetwide has no instance, so
@@ -213,11 +213,11 @@ def test_basic_auth_guards_the_runbooks_like_every_page(tmp_path: Path) -> None:
 
 _LAZY = """
 import json, sys, urllib.request
-from gpuwatch.agent import Agent
-from gpuwatch.config import load_config
+from gpuwatch.service.agent import Agent
+from gpuwatch.config.settings import load_config
 from gpuwatch.simulated.scenarios import SimulatedNode
-from gpuwatch.simulation import simulated_slot
-from gpuwatch.sources import NodeSources
+from gpuwatch.simulated.node import simulated_slot
+from gpuwatch.collectors.sources import NodeSources
 
 state, port = sys.argv[1], sys.argv[2]
 node = SimulatedNode(scenario="healthy", gpus=1)
@@ -265,14 +265,14 @@ def test_a_missing_runbooks_file_is_a_500_naming_it_and_one_log_line(caplog: pyt
     server = HttpServer("127.0.0.1", 0, app)
     server.start()
     try:
-        with caplog.at_level(logging.ERROR, logger="gpuwatch.runbooks_page"):
+        with caplog.at_level(logging.ERROR, logger="gpuwatch.web.runbooks_page"):
             first = _request(server.port, "/runbooks")
             second = _request(server.port, "/runbooks")
         for status, headers, body in (first, second):
             assert status == 500 and headers["Content-Type"] == "text/plain; charset=utf-8", (status, headers)
             assert b"cannot read the runbooks: docs/no-such-runbooks.md is missing" in body, body
             assert b"reinstall the gpuwatch-agent package" in body, body
-        errors = [r for r in caplog.records if r.name == "gpuwatch.runbooks_page"]
+        errors = [r for r in caplog.records if r.name == "gpuwatch.web.runbooks_page"]
         assert len(errors) == 1 and "docs/no-such-runbooks.md is missing" in errors[0].getMessage(), errors
         assert _request(server.port, "/healthz")[0] == 200
     finally:

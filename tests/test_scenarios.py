@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
-from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
+from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
 
 HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
 

@@ -14,8 +14,8 @@ import pytest
 from amd_releases import RELEASES
 from simnode import SimAgent
 
-from gpuwatch.scenario_catalogue import FAULT_GPU
-from gpuwatch.simulation import VERSION_ENV
+from gpuwatch.core.scenario_catalogue import FAULT_GPU
+from gpuwatch.simulated.node import VERSION_ENV
 
 VENDORS = ("nvidia", "amd")
 BACKEND = {"nvidia": "nvml", "amd": "amdsmi"}

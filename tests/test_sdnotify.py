@@ -17,7 +17,7 @@ import pytest
 from ports import free_port
 from simnode import SimAgent
 
-from gpuwatch.sdnotify import SdNotifier, ServiceNotifier, watchdog_seconds
+from gpuwatch.service.sdnotify import SdNotifier, ServiceNotifier, watchdog_seconds
 
 
 class NotifySocket:

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from simnode import IN_THREAD_SCENARIOS
 
-from gpuwatch.model import THROTTLE_REASONS
-from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
+from gpuwatch.core.model import THROTTLE_REASONS
+from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
 from gpuwatch.simulated import nvml_constants as c
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.scenarios import SimulatedNode

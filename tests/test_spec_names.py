@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from repofiles import SPEC_NAMES, spec_names
 
-from gpuwatch.cli import build_parser
+from gpuwatch.cli.main import build_parser
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

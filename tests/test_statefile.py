@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwatch import statefile
-from gpuwatch.model import GpuIdentity
-from gpuwatch.statefile import (
+from gpuwatch.core.model import GpuIdentity
+from gpuwatch.files import statefile
+from gpuwatch.files.statefile import (
     KNOWN_GPUS_FILE,
     KnownGpus,
     StateDirError,
@@ -190,7 +190,7 @@ def test_corrupt_or_foreign_file_is_moved_aside_and_reported(
 ) -> None:
     path = tmp_path / "known_gpus.json"
     path.write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="gpuwatch.statefile"):
+    with caplog.at_level(logging.WARNING, logger="gpuwatch.files.statefile"):
         assert read_json(path, expect_kind="known_gpus") is None
     assert not path.exists()
     (aside,) = asides(path)
@@ -323,7 +323,7 @@ def test_write_failure_logged_once_memory_stays_right_retried_on_change(
     now = [1000.0]
     writes = WriteCounter(monkeypatch, fail_with=errno.EROFS)
     known = KnownGpus(tmp_path, retry_interval_s=60.0, clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="gpuwatch.statefile"):
+    with caplog.at_level(logging.INFO, logger="gpuwatch.files.statefile"):
         known.remember([H100_A])
         known.remember([H100_A, H100_B])  # a change: retried at once
         assert writes.calls == 2

@@ -281,10 +281,10 @@ def test_healthy_nodes_read_healthy(
 def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
     import dataclasses
 
-    from gpuwatch.model import GpuIdentity, GpuSample
-    from gpuwatch.probebook import ProbeOutcome, ProbeView, WorkerResult
-    from gpuwatch.status_findings import GpuView
-    from gpuwatch.store import SampleStore
+    from gpuwatch.core.model import GpuIdentity, GpuSample
+    from gpuwatch.judge.findings import GpuView
+    from gpuwatch.state.probebook import ProbeOutcome, ProbeView, WorkerResult
+    from gpuwatch.state.store import SampleStore
 
     now = 1_000_000.0
     identity = GpuIdentity("GPU-6", "nvidia", 6, model="H100")
@@ -305,7 +305,7 @@ def _view(probe_age_s: float | None, ecc_uncorrected: int = 0) -> object:
 
 
 def test_slow_probe_is_judged_on_fresh_results_only() -> None:
-    from gpuwatch.status_findings import health_flags
+    from gpuwatch.judge.findings import health_flags
 
     fresh = [f.text for f in health_flags(_view(probe_age_s=300))]  # type: ignore[arg-type]
     assert any(t.startswith("slow probe: 80%") for t in fresh), fresh
@@ -315,7 +315,7 @@ def test_slow_probe_is_judged_on_fresh_results_only() -> None:
 
 
 def test_a_lifetime_count_of_uncorrectable_ecc_errors_is_a_warning() -> None:
-    from gpuwatch.status_findings import health_flags
+    from gpuwatch.judge.findings import health_flags
 
     flags = health_flags(_view(probe_age_s=None, ecc_uncorrected=3))  # type: ignore[arg-type]
     ecc = [f for f in flags if "ECC" in f.text]

@@ -7,9 +7,9 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuwatch.exporter import GpuwatchCollector
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
-from gpuwatch.store import SampleStore
+from gpuwatch.core.model import GpuEvent, GpuIdentity, GpuReading, GpuSample
+from gpuwatch.exposition.exporter import GpuwatchCollector
+from gpuwatch.state.store import SampleStore
 
 GPU0 = GpuIdentity("GPU-0", "nvidia", 0, "NVIDIA H100 80GB HBM3", "1", "00000000:18:00.0", "580.159.04", "96")
 GPU1 = GpuIdentity("GPU-1", "nvidia", 1, "NVIDIA H100 80GB HBM3", "2", "00000000:2A:00.0", "580.159.04", "96")

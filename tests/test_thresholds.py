@@ -1,6 +1,6 @@
-"""One source of thresholds: gpuwatch.thresholds (what the status page, `snapshot` and /health/gpus judge with) holds
-the same numbers as the rules' `gpuwatch:threshold:*` records, the same XID classes as GpuXidCritical/GpuXidWarning,
-and every finding's runbook link lands on a section of docs/runbooks.md."""
+"""One source of thresholds: gpuwatch.core.thresholds (what the status page, `snapshot` and /health/gpus judge with)
+holds the same numbers as the rules' `gpuwatch:threshold:*` records, the same XID classes as
+GpuXidCritical/GpuXidWarning, and every finding's runbook link lands on a section of docs/runbooks.md."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 from promrules import threshold_records
 
-from gpuwatch import xid_catalogue
-from gpuwatch.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
-from gpuwatch.thresholds import (
+from gpuwatch.core import xid_catalogue
+from gpuwatch.core.model import GpuIdentity, GpuSample, HostPsu, HostSample, HostVoltage, UnusableGpu
+from gpuwatch.core.thresholds import (
     RUNBOOK_PATH,
     THRESHOLDS,
     XID_APPLICATION,
@@ -21,7 +21,7 @@ from gpuwatch.thresholds import (
     runbook_url,
     xid_class,
 )
-from gpuwatch.verdict import Finding, judge_gpu, judge_host, judge_unusable, judge_xids
+from gpuwatch.judge.verdict import Finding, judge_gpu, judge_host, judge_unusable, judge_xids
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy/prometheus/gpuwatch-rules.yml"
@@ -48,15 +48,15 @@ def test_xid_classes_are_the_alerts_regexes() -> None:
     assert {int(c) for c in critical.group(1).split("|")} == XID_CRITICAL
     assert {int(c) for c in warning.group(1).split("|")} == XID_CRITICAL | XID_APPLICATION | {XID_SOLO_WARNING}
     assert 'xid="45"' in str(alerts["GpuXidWarning"]["expr"])  # its arm for 45 alone
-    # The catalogue (gpuwatch/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151 RESTART_VM,
-    # 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
+    # The catalogue (gpuwatch/core/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151
+    # RESTART_VM, 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
     codes = (13, 63, 79, 151, 78, 173, -1)
     assert [xid_class(c) for c in codes] == ["application", "application", *["critical"] * 2, *["warning"] * 3]
     assert (xid_class(45), xid_class(45, alone=False)) == ("warning", "application")
 
 
 def test_the_catalogue_is_the_one_recorded() -> None:
-    """Spot checks of gpuwatch/xid_catalogue.py against NVIDIA's catalogue (the rows as the 2025-10-29 spreadsheet
+    """Spot checks of gpuwatch/core/xid_catalogue.py against NVIDIA's catalogue (the rows as the 2025-10-29 spreadsheet
     has them: code, mnemonic, immediate action)."""
     assert xid_catalogue.CATALOGUE[79][0::2] == ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM")
     assert xid_catalogue.CATALOGUE[94][0::2] == ("ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP")
@@ -67,7 +67,7 @@ def test_the_catalogue_is_the_one_recorded() -> None:
 
 
 def _all_findings() -> list[Finding]:
-    """One of every finding gpuwatch.verdict can give."""
+    """One of every finding gpuwatch.judge.verdict can give."""
     identity = GpuIdentity("GPU-1", "nvidia", 1, model="H100")
     bad = GpuSample(
         "GPU-1",

@@ -26,9 +26,9 @@ from cryptography.x509.oid import NameOID
 from ports import free_port
 from prometheus_client import CollectorRegistry
 
-from gpuwatch.config import ConfigError
-from gpuwatch.web import HttpServer, make_app
-from gpuwatch.webconfig import apply_web_config, load_web_config
+from gpuwatch.config.settings import ConfigError
+from gpuwatch.web.server import HttpServer, make_app
+from gpuwatch.web.webconfig import apply_web_config, load_web_config
 
 PASSWORD = "s3cret scrape"
 

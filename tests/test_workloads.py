@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
-from gpuwatch.config import ConfigError, load_config
-from gpuwatch.model import GpuSample, GpuWorkload
+from gpuwatch.collectors.workloads import HIDDEN, NOT_HOST_PIDS, attribute
+from gpuwatch.config.settings import ConfigError, load_config
+from gpuwatch.core.model import GpuSample, GpuWorkload
+from gpuwatch.readers.cgroup import Workload
+from gpuwatch.readers.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
 from gpuwatch.simulated.procfs import stat_line
 from gpuwatch.simulated.scenarios import process_pid
-from gpuwatch.workloads.cgroup import Workload
-from gpuwatch.workloads.collector import HIDDEN, NOT_HOST_PIDS, attribute
-from gpuwatch.workloads.procfs import PROC_PID_INIT_INO, ProcessOwner, Procfs, UserNames, user_name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
 UNKNOWN_UID = 3_999_999  # no passwd entry on any sane test machine
@@ -190,11 +190,11 @@ def test_a_container_without_the_host_pid_namespace_exports_unknown_and_says_so_
     (own / "self" / "ns" / "pid").write_text("")
     sim.agent._sources.procfs = Procfs(own)
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuwatch.workloads.collector"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatch.collectors.workloads"):
             sim.run(3)
         kinds = {(dict(lab)["kind"], dict(lab)["id"]) for n, lab in sim.samples() if n == "gpuwatch_gpu_workload_info"}
         assert kinds == {(NOT_HOST_PIDS.kind, NOT_HOST_PIDS.id)}
-        said = [r for r in caplog.records if r.name == "gpuwatch.workloads.collector"]
+        said = [r for r in caplog.records if r.name == "gpuwatch.collectors.workloads"]
         assert len(said) == 1 and "hostPID" in said[0].getMessage() and "pid_namespace" in said[0].getMessage()
     finally:
         sim.close()
@@ -210,11 +210,11 @@ def test_hidepid_invisible_makes_other_users_processes_unknown_with_one_log_line
     _self(hidden, mount_options="rw,hidepid=invisible")
     sim.agent._sources.procfs = Procfs(hidden, host_pids=True)
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuwatch.workloads.collector"):
+        with caplog.at_level(logging.WARNING, logger="gpuwatch.collectors.workloads"):
             sim.run(3)
         kinds = {(dict(lab)["kind"], dict(lab)["id"]) for n, lab in sim.samples() if n == "gpuwatch_gpu_workload_info"}
         assert kinds == {(HIDDEN.kind, HIDDEN.id)}
-        said = [r.getMessage() for r in caplog.records if r.name == "gpuwatch.workloads.collector"]
+        said = [r.getMessage() for r in caplog.records if r.name == "gpuwatch.collectors.workloads"]
         assert len(said) == 1 and "hidepid=invisible" in said[0] and "ProtectProc" in said[0]
     finally:
         sim.close()
@@ -316,7 +316,7 @@ def test_each_kind_of_node_attributes_its_gpus(tmp_path: Path, node: str) -> Non
 
 
 _READ = (
-    "import sys; from pathlib import Path; from gpuwatch.workloads.procfs import Procfs; "
+    "import sys; from pathlib import Path; from gpuwatch.readers.procfs import Procfs; "
     "p = Procfs(Path(sys.argv[1])); o = p.owner(int(sys.argv[2])); "
     "print(o if isinstance(o, str) else o.workload.kind + ':' + o.user, p.hides_others())"
 )
@@ -371,8 +371,8 @@ def test_a_real_hidepid_mount_is_read_as_the_kernel_means_it(option: str, other_
 def test_check_says_when_workloads_would_be_unknown(tmp_path: Path) -> None:
     """`gpuwatch check` warns, with the remedy, for a procfs root with no procfs, and for a container's own /proc;
     a procfs of the host's namespace (NSpid with the ancestor's PID first) is ok."""
-    from gpuwatch.sources import NodeSources
-    from gpuwatch.workloads.collector import check
+    from gpuwatch.collectors.sources import NodeSources
+    from gpuwatch.collectors.workloads import check
 
     sources = NodeSources([], lambda: {}, None)
     own, ancestor = tmp_path / "own", tmp_path / "ancestor"

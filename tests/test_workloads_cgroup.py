@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.workloads.cgroup import Workload, cgroup_paths, workload_of_cgroup, workload_of_path
+from gpuwatch.readers.cgroup import Workload, cgroup_paths, workload_of_cgroup, workload_of_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroups"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from simnode import START_WALL, SimAgent
 
-from gpuwatch.kmsg import KernelLogXidReader
+from gpuwatch.readers.kmsg import KernelLogXidReader
 
 BOOT = START_WALL - 3600.0  # the node booted an hour before the agent started
 

@@ -7,7 +7,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpuwatch.thresholds import threshold
+from gpuwatch.core.thresholds import threshold
 
 from .board import Board, Q, ds_variable, node_link, query_variable, steps
 from .promql import (
@@ -20,7 +20,7 @@ from .promql import (
 )
 from .utilization import real_utilization_fleet
 
-# The numbers the alerts page on (the rules' gpuwatch:threshold:* records, held equal to gpuwatch/thresholds.py by
+# The numbers the alerts page on (the rules' gpuwatch:threshold:* records, held equal to gpuwatch/core/thresholds.py by
 # tests/test_thresholds.py): a panel turns red where an alert would fire.
 MARGIN_C = threshold("core_temperature_margin_celsius")
 POWER_LIMIT_RATIO = threshold("power_limit_ratio")

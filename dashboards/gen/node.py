@@ -6,7 +6,7 @@ from typing import Any
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from gpuwatch.thresholds import threshold
+from gpuwatch.core.thresholds import threshold
 
 from .board import ON_OFF, Board, Q, ds_variable, node_link, query_variable, steps
 from .promql import (

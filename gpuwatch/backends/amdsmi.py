@@ -77,7 +77,7 @@ from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.backends.tiered import GpuFailed as _GpuFailed
 from gpuwatch.backends.tiered import TieredBackend
 from gpuwatch.backends.tiered import Unavailable as _Unavailable
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
+from gpuwatch.core.model import GpuEvent, GpuIdentity, GpuSample, UnusableGpu, Vendor
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwatch.model import GpuSample
+from gpuwatch.core.model import GpuSample
 
 NO_SM_ACTIVITY = (
     "amdsmi reports how busy the GFX engine is (gfx_activity: gpuwatch_gpu_utilization_ratio), not CU (SM), "

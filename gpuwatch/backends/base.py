@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, UnusableGpu, Vendor
+from gpuwatch.core.model import GpuEvent, GpuIdentity, GpuReading, UnusableGpu, Vendor
 
 
 class BackendUnavailable(Exception):

@@ -19,7 +19,7 @@ from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.backends.nvml_gpm_request import MetricsRequest
 from gpuwatch.backends.nvml_slow import NvmlSlowTier, _Gpu
 from gpuwatch.backends.tiered import Unavailable
-from gpuwatch.model import GpuSample
+from gpuwatch.core.model import GpuSample
 
 _MIB = float(1 << 20)
 _INVALID_ARGUMENT = 2

@@ -18,10 +18,10 @@ from gpuwatch.backends.nvml_tables import (
     _FieldIds,
 )
 from gpuwatch.backends.tiered import TieredBackend, TieredGpu
-from gpuwatch.latch import Latch
-from gpuwatch.model import COMPUTE_MODES, GpuSample
+from gpuwatch.core.latch import Latch
+from gpuwatch.core.model import COMPUTE_MODES, GpuSample
 
-log = logging.getLogger("gpuwatch.backends.nvml")  # the backend's logger: its lines keep their name
+log = logging.getLogger(__name__)
 
 
 @dataclass

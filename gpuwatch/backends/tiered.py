@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, copy_sample
+from gpuwatch.core.model import GpuEvent, GpuIdentity, GpuReading, GpuSample, copy_sample
 
 
 class Unavailable(Exception):

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuwatch.latch import Latch
-from gpuwatch.safefile import open_regular
-from gpuwatch.statedir import open_in_state_dir
-from gpuwatch.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
+from gpuwatch.core.latch import Latch
+from gpuwatch.files.safefile import open_regular
+from gpuwatch.files.statedir import open_in_state_dir
+from gpuwatch.files.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.core.model import GpuIdentity, GpuSample
 
 KILL_WAIT_SECONDS = 5.0  # how long a SIGKILLed child may take to die before it is left to a later round's poll()
 PID_NAMESPACE_PATH = Path("/proc/self/ns/pid")

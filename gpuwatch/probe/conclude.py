@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatch.config import ProbeSection
-from gpuwatch.exitcodes import WORKER_NO_ENGINE
-from gpuwatch.latch import Latch
-from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.config.settings import ProbeSection
+from gpuwatch.core.exitcodes import WORKER_NO_ENGINE
+from gpuwatch.core.latch import Latch
+from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import BaselineKey, Baselines, Mode
 from gpuwatch.probe.children import _Child, _failure, _last_json
 from gpuwatch.probe.readings import SpeedLog, _previous, _telemetry
-from gpuwatch.probebook import ProbeBook, ProbeOutcome, ProbeResult, WorkerResult
+from gpuwatch.state.probebook import ProbeBook, ProbeOutcome, ProbeResult, WorkerResult
 
-log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
+log = logging.getLogger(__name__)
 
 READER_JOIN_SECONDS = 2.0  # a child's output readers end with its pipes; a grandchild holding them open is cut off
 

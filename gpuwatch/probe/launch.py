@@ -1,7 +1,7 @@
 """What the runner starts as a GPU's probe worker, and whether this node can run one: the runner's one seam.
 
 The production launcher starts gpuwatch/probe/worker.py in isolated mode and asks this interpreter for an engine and
-the kernel for the PID namespace. The composition layer (gpuwatch/simulation.py) gives the simulated node's launcher
+the kernel for the PID namespace. The composition layer (gpuwatch/simulated/node.py) gives the simulated node's launcher
 instead, which starts gpuwatch/simulated/probe_worker.py as a real child the same way; the runner never knows which.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwatch.model import GpuIdentity
+from gpuwatch.core.model import GpuIdentity
 from gpuwatch.probe.children import PID_NAMESPACE_PATH, pid_namespace_inode
 from gpuwatch.probe.engines import available_engines
 

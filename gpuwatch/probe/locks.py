@@ -1,7 +1,7 @@
 """One lock file per GPU in the state dir (``probe-<uuid>.lock``, flock): a probe from `gpuwatch probe` and one
 from the agent never run on the same GPU at once. Locks are taken in UUID order, so two multi-GPU probes cannot
 deadlock; the kernel drops a lock when its holder dies, so a killed probe never leaves a GPU locked. A link or FIFO
-planted in a lock file's place is refused, never followed (gpuwatch.safefile)."""
+planted in a lock file's place is refused, never followed (gpuwatch.files.safefile)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import os
 import re
 from pathlib import Path
 
-from gpuwatch.safefile import UnsafeFileError, open_regular
-from gpuwatch.statedir import open_in_state_dir
+from gpuwatch.files.safefile import UnsafeFileError, open_regular
+from gpuwatch.files.statedir import open_in_state_dir
 
 
 class LockUnavailable(Exception):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import math
 
-from gpuwatch.latch import Latch
-from gpuwatch.model import GpuSample
+from gpuwatch.core.latch import Latch
+from gpuwatch.core.model import GpuSample
+from gpuwatch.core.thresholds import runbook_reference, threshold
 from gpuwatch.probe.baseline import Baseline
-from gpuwatch.probebook import Telemetry
-from gpuwatch.thresholds import runbook_reference, threshold
+from gpuwatch.state.probebook import Telemetry
 
-log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
+log = logging.getLogger(__name__)
 
 UNSUPPORTED_COMPUTE_MODES = frozenset({"exclusive_thread", "exclusive_process", "prohibited"})
 CAP_POWER_SHARE = 0.97  # at or above this share of the enforced limit the GPU is at its power cap
@@ -73,7 +73,7 @@ def held_down(sample: GpuSample) -> str | None:
 
 class SpeedLog:
     """A GPU slower than its baseline is the operator's to act on: a warning once, and a line when it recovers
-    (the same ratio as GpuUnderperforming, gpuwatch.thresholds)."""
+    (the same ratio as GpuUnderperforming, gpuwatch.core.thresholds)."""
 
     def __init__(self) -> None:
         self._slow = Latch(log)  # by UUID

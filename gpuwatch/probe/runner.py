@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from gpuwatch.config import ProbeSection
-from gpuwatch.latch import Latch
-from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.config.settings import ProbeSection
+from gpuwatch.core.latch import Latch
+from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baseline, Baselines, Mode
 from gpuwatch.probe.children import PROC_PID_INIT_INO
 from gpuwatch.probe.conclude import Conclusions, outcome
@@ -29,8 +29,8 @@ from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.probe.locks import try_lock, unlock
 from gpuwatch.probe.readings import _previous, _unsupported, held_down
 from gpuwatch.probe.supervisor import WORKER_MEMORY_LIMIT_BYTES, WorkerSupervisor
-from gpuwatch.probebook import ProbeOutcome, ProbeResult
-from gpuwatch.store import SampleStore
+from gpuwatch.state.probebook import ProbeOutcome, ProbeResult
+from gpuwatch.state.store import SampleStore
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuwatch.config import ProbeSection
-from gpuwatch.model import GpuIdentity, GpuSample
+from gpuwatch.config.settings import ProbeSection
+from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.probe.children import _Child, _drain, _kill_group, _pids_of, _rss
 from gpuwatch.probe.launch import WORKER_CWD, WorkerLauncher
 from gpuwatch.probe.protocol import CAPPED_LINE
 from gpuwatch.probe.readings import _at_power_cap, _power_observable
-from gpuwatch.store import SampleStore
+from gpuwatch.state.store import SampleStore
 
-log = logging.getLogger("gpuwatch.probe.runner")  # the runner's voice, as before the split
+log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_SECONDS = 0.05
 # A worker whose resident host memory passes this is killed (a runaway must not push the node into the OOM killer).

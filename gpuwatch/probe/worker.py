@@ -6,7 +6,7 @@ stdin, that the power limit is reached (it watches the vendor library; ``--power
 then times each matmul over a measured window, then times pinned host<->device copies. ``gpu_time_seconds`` covers all
 three: from the first warm-up matmul to the end of the last copy.
 
-Exit status (gpuwatch/exitcodes.py, WORKER_*): 0 with a result; 3 when the probe cannot run here (no engine:
+Exit status (gpuwatch/core/exitcodes.py, WORKER_*): 0 with a result; 3 when the probe cannot run here (no engine:
 ``{"ok": false, "error": "no_engine"}``, which the runner counts as skipped_unsupported, never failed); 1 on any other
 failure (``"error": "failed"``).
 Any other worker a launcher starts (gpuwatch/probe/launch.py) takes these arguments and answers the same way.
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
-from gpuwatch.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
-from gpuwatch.model import ProbeDtype, ProbeEngineChoice, Vendor
+from gpuwatch.core.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
+from gpuwatch.core.model import ProbeDtype, ProbeEngineChoice, Vendor
 from gpuwatch.probe.protocol import CAPPED_LINE
 
 

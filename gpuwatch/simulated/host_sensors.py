@@ -2,7 +2,7 @@
 
 Nothing here produces HostSample values directly: the tree is rendered to a temporary directory before each read
 (a PMBus PSU pair, coretemp, an NVMe drive) and the BMC answers `ipmitool sensor` / `sdr type "Power Supply"` in a
-Supermicro BMC's format, so `--backend simulated` runs gpuwatch/host/hwmon.py and ipmi.py as a server would.
+Supermicro BMC's format, so `--backend simulated` runs gpuwatch/readers/hwmon.py and ipmi.py as a server would.
 
 Healthy: both supplies' 12 V outputs near 12.1 V over their 11.6 V warning limits, each supply's input power on the
 BMC, and the BMC's redundancy sensor reading Fully Redundant. `psu_undervoltage`: from the GPUs' fault onset (1 s)
@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuwatch.host.collectors import HostSource
-from gpuwatch.host.hwmon import HwmonReader
-from gpuwatch.host.ipmi import IpmiReader
-from gpuwatch.model import HostSample
+from gpuwatch.collectors.sources import HostSource
+from gpuwatch.core.model import HostSample
+from gpuwatch.readers.hwmon import HwmonReader
+from gpuwatch.readers.ipmi import IpmiReader
 
 if TYPE_CHECKING:
-    from gpuwatch.config import Config
+    from gpuwatch.config.settings import Config
     from gpuwatch.simulated.scenarios import SimulatedNode
 
 SAG_VOLTS = 11.2

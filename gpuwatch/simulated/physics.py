@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpuwatch.model import Vendor
+from gpuwatch.core.model import Vendor
 
 # Fault kinds a GpuPlan can carry (one per GPU). Scenario names map onto these in scenarios.py.
 FAULT_KINDS: tuple[str, ...] = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from gpuwatch.scenario_catalogue import FAULT_GPU, SCENARIOS
+from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
 from gpuwatch.simulated.physics import GpuPlan
 
 # nvml_hang: after the agent's first complete polls, so it starts with every GPU known.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwatch.model import GpuIdentity
+from gpuwatch.core.model import GpuIdentity
 from gpuwatch.probe.baseline import Baselines
 from gpuwatch.probe.children import PROC_PID_INIT_INO
 from gpuwatch.probe.launch import WorkerLauncher, worker_argv

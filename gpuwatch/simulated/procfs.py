@@ -2,7 +2,7 @@
 while busy, so `gpuwatch demo` attributes GPUs to workloads as a mixed node would: Slurm jobs (cgroup v2, one job
 over two GPUs, and a cgroup v1 job), Kubernetes pods (systemd and cgroupfs drivers), a Docker container, a systemd
 service and a bare process in a login session. The files are written as the kernel prints them (man 7 cgroups,
-proc(5)); gpuwatch/workloads/procfs.py reads them as it reads /proc.
+proc(5)); gpuwatch/readers/procfs.py reads them as it reads /proc.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from gpuwatch.model import THROTTLE_REASONS, Vendor
-from gpuwatch.scenario_catalogue import SCENARIOS
+from gpuwatch.core.model import THROTTLE_REASONS, Vendor
+from gpuwatch.core.scenario_catalogue import SCENARIOS
 from gpuwatch.simulated.activity import ActivityTotals, totals
 from gpuwatch.simulated.faults import FaultInjector
 from gpuwatch.simulated.physics import (

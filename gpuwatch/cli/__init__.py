@@ -1,0 +1,1 @@
+"""The `gpuwatch` command: its parser and each subcommand."""

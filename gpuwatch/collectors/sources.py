@@ -1,0 +1,64 @@
+"""What the collectors read on a node: the vendor backends it needs (one slot each), the PCI view, the kernel log,
+the host sensors, the probe's worker and /proc. A real node's are built by gpuwatch/service/real_node.py, the
+simulated node's by gpuwatch/simulated/node.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuwatch.backends.base import Backend
+from gpuwatch.core.model import HostSample, HostSourceName, Vendor
+from gpuwatch.probe.launch import WorkerLauncher
+from gpuwatch.readers.kmsg import KernelLogXidReader
+from gpuwatch.readers.procfs import Procfs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BackendSlot:
+    """One vendor library and its retry state: opened lazily, reopened with backoff after it fails."""
+
+    name: str
+    vendor: Vendor
+    factory: Callable[[], Backend]
+    backend: Backend | None = None
+    next_attempt: float = 0.0
+    backoff: float = 1.0
+    last_slow_poll: float = -math.inf
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HostReader(Protocol):
+    source: str
+
+    def read(self) -> HostSample: ...
+
+
+@dataclass(slots=True)
+class HostSource:
+    """One host collector: its reader, how often it runs, and whether it is there at all on this machine."""
+
+    name: HostSourceName  # the collector label and the --disable-collector name
+    reader: HostReader
+    interval_seconds: float
+    usable: Callable[[], tuple[bool, str]]  # (found, what was found or why not)
+    required: bool = False  # a run where the source is not usable is a failure, not an empty success
+
+
+@dataclass(slots=True)
+class NodeSources:
+    """What the agent reads on this node: the backends it needs and the PCI view that sets expectations."""
+
+    slots: list[BackendSlot]
+    pci_gpu_counts: Callable[[], dict[str, int]]
+    kernel_log: KernelLogXidReader | None
+    host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/collectors/host.py)
+    probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
+    procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root

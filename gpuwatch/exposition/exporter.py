@@ -1,0 +1,358 @@
+"""The Prometheus collector: fresh metric families from a store snapshot on every scrape.
+
+Nothing here touches a vendor library or the disk, so a scrape costs microseconds per series and cannot hang.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwatch import __version__
+from gpuwatch.core.model import GpuIdentity, GpuSample
+from gpuwatch.core.xid import xid_label
+from gpuwatch.exposition.catalogue import CATALOGUE
+from gpuwatch.exposition.fast import Row
+from gpuwatch.state.probebook import RESULTS, ProbeView
+from gpuwatch.state.store import SampleStore, StoreSnapshot
+
+
+class _Out(Protocol):
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
+
+    def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None: ...
+
+    def add_row(self, row: Row, labels: tuple[str, ...], values: tuple[float | int | bool | None, ...]) -> None: ...
+
+
+class _Families:
+    """Creates each family from the catalogue on first use and yields only those that got samples."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None:
+        if value is None:
+            return
+        family = self._families.get(name)
+        if family is None:
+            spec = CATALOGUE[name]
+            cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+            family = cls(name, spec.help, labels=list(spec.labels))
+            self._families[name] = family
+        family.add_metric(list(labels), float(value))
+
+    def add_each(self, name: str, head: tuple[str, ...], values: dict[Any, Any]) -> None:
+        """A sample per item, in key order: labels `head` + the key (a label value, or a tuple of them)."""
+        for key, value in sorted(values.items()):
+            self.add(name, head + (key if isinstance(key, tuple) else (key,)), value)
+
+    def add_row(self, row: Row, labels: tuple[str, ...], values: tuple[float | int | bool | None, ...]) -> None:
+        for name, value in zip(row.names, values, strict=True):
+            self.add(name, labels, value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+# Families derived from gpuwatch's own (gpuwatch.exposition.dcgm_compat: dcgm-exporter's names), rendered after them.
+Extension = Callable[[list[Metric]], list[Metric]]
+
+
+class GpuwatchCollector(Collector):
+    def __init__(self, store: SampleStore, extension: Extension | None = None) -> None:
+        self._store = store
+        self._extension = extension
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._store.snapshot(), self._extension)
+
+
+def families(snap: StoreSnapshot, extension: Extension | None = None) -> Iterator[Metric]:
+    """Every family of one store snapshot as prometheus_client objects (for the library's encoders), and the
+    `extension`'s made of them ([compat])."""
+    out = _Families()
+    export(snap, out)
+    own = list(out)
+    yield from own
+    if extension is not None:
+        yield from extension(own)
+
+
+def export(snap: StoreSnapshot, out: _Out) -> None:
+    """Every sample of one store snapshot into `out`, family by family in a fixed order (the exposition's order)."""
+    out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
+    _self_health(snap, out)
+    for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
+        gpu = (str(identity.index), identity.uuid)
+        _info(identity, out)
+        sample = snap.fresh(identity.uuid)
+        out.add("gpuwatch_gpu_up", gpu, sample is not None)
+        # Events, not readings: an XID 79 or a reset usually comes with the GPU going lost, and must stay seen.
+        for (uuid, xid), count in sorted(snap.xids.items()):
+            if uuid == identity.uuid:
+                out.add("gpuwatch_gpu_xid_errors_total", (*gpu, xid_label(xid)), count.total)
+                out.add("gpuwatch_gpu_xid_last_timestamp_seconds", (*gpu, xid_label(xid)), count.last_timestamp)
+        resets = snap.resets.get(identity.uuid)
+        if resets is not None and (sample is not None or resets > 0):  # a lost GPU keeps only real events
+            out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
+        if sample is None:
+            continue
+        _readings(gpu, sample, snap.configured_power_limit_watts, out)
+        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
+        out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
+        export_probe(gpu, identity.uuid, snap.probe, out)
+        for w in snap.workloads.get(identity.uuid, ()):
+            out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
+            out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
+    export_interval(snap.probe, out)
+    _host(snap, out)
+
+
+def _self_health(snap: StoreSnapshot, out: _Out) -> None:
+    for backend, (up, _message) in sorted(snap.backends.items()):
+        out.add("gpuwatch_backend_up", (backend,), up)
+    # While a poll hangs in a vendor call its GPUs' readings go stale, but the library has not lost them: the GPUs it
+    # last answered for stay detected, so a hang never reads as missing GPUs (GpuwatchVendorCallHung names it).
+    hung = bool(snap.stuck_calls)
+    detected = {
+        _physical_gpu(identity)
+        for uuid, identity in snap.identities.items()
+        if snap.fresh(uuid) is not None or (hung and uuid in snap.samples and uuid not in snap.gpu_errors)
+    }
+    out.add("gpuwatch_gpus_detected", (), len(detected) + len(snap.unusable))  # present, if unusable
+    for call in snap.stuck_calls:
+        labels = (call.backend, call.call, call.gpu, call.uuid)
+        out.add("gpuwatch_vendor_call_stuck_since_timestamp_seconds", labels, call.since)
+    for (switch, sxid), count in sorted(snap.sxids.items()):
+        out.add("gpuwatch_nvswitch_sxid_errors_total", (switch, xid_label(sxid)), count.total)
+        out.add("gpuwatch_nvswitch_sxid_last_timestamp_seconds", (switch, xid_label(sxid)), count.last_timestamp)
+    for gpu in snap.unusable:
+        if gpu.reason == "insufficient_power":
+            out.add("gpuwatch_gpu_insufficient_power", (str(gpu.index), gpu.pci_bus_id), 1)
+    for vendor, expected in sorted(snap.gpus_expected.items()):
+        out.add("gpuwatch_gpus_expected", (vendor,), expected)
+    for name, status in sorted(snap.collectors.items()):
+        ran = status.success is not None
+        # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
+        last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
+        out.add_row(
+            _COLLECTOR,
+            (name,),
+            (
+                status.interval_seconds,
+                status.errors_total,
+                status.success,
+                status.duration_seconds if ran else None,
+                last_run,
+            ),
+        )
+
+
+_COLLECTOR = Row(
+    "gpuwatch_collector_interval_seconds",
+    "gpuwatch_collector_errors_total",
+    "gpuwatch_collector_success",
+    "gpuwatch_collector_duration_seconds",
+    "gpuwatch_collector_last_run_timestamp_seconds",
+)
+
+
+def _physical_gpu(identity: GpuIdentity) -> tuple[str, str]:
+    """The GPU a `gpu` is part of: its PCI device. AMD compute partitions (CPX: 8 per MI300X) are a `gpu` each, at
+    their GPU's PCI address with the partition in the function bits (kfd_topology.c: location_id |= node_id)."""
+    device = identity.pci_bus_id.lower().rpartition(".")[0]
+    return (identity.vendor, device) if device else (identity.vendor, identity.uuid)
+
+
+_RAIL = Row("gpuwatch_host_voltage_volts", "gpuwatch_host_voltage_nominal_volts", "gpuwatch_host_voltage_min_volts")
+
+
+def _host(snap: StoreSnapshot, out: _Out) -> None:
+    """Host rails, supplies, temperatures and fans of every fresh host source (hwmon, ipmi)."""
+    powered: set[str] = set()
+    for sample in snap.host:
+        for v in sample.voltages:
+            out.add_row(_RAIL, (v.chip, v.sensor), (v.volts, v.nominal_volts, v.min_volts))
+            for limit, raised in v.alarms:
+                out.add("gpuwatch_host_voltage_alarm", (v.chip, v.sensor, limit), raised)
+        for psu in sample.psus:
+            out.add("gpuwatch_host_psu_up", (psu.psu,), psu.up)
+        for power in sample.psu_power:
+            if power.psu not in powered:  # one series per supply, whichever source named it first
+                powered.add(power.psu)
+                out.add("gpuwatch_host_psu_power_watts", (power.psu,), power.watts)
+        for t in sample.temperatures:
+            out.add("gpuwatch_host_temperature_celsius", (t.chip, t.sensor), t.value)
+        for f in sample.fans:
+            out.add("gpuwatch_host_fan_rpm", (f.chip, f.sensor), f.value)
+    verdicts = [s.psu_redundancy_lost for s in snap.host if s.psu_redundancy_lost is not None]
+    out.add("gpuwatch_host_psu_redundancy_lost", (), any(verdicts) if verdicts else None)
+
+
+def _info(identity: GpuIdentity, out: _Out) -> None:
+    labels = (
+        str(identity.index),
+        identity.uuid,
+        identity.vendor,
+        identity.model,
+        identity.serial,
+        identity.pci_bus_id,
+        identity.driver_version,
+        identity.vbios_version,
+    )
+    out.add("gpuwatch_gpu_info", labels, 1)
+
+
+# A GPU's scalar readings, in the exposition's order between its dict-shaped ones (`_readings`).
+_POWER = Row("gpuwatch_gpu_power_watts")
+_ENERGY = Row(
+    "gpuwatch_gpu_energy_joules_total", "gpuwatch_gpu_performance_state", "gpuwatch_gpu_power_supply_undersized"
+)
+_USAGE = Row(
+    "gpuwatch_gpu_utilization_ratio",
+    "gpuwatch_gpu_memory_utilization_ratio",
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_memory_total_bytes",
+    "gpuwatch_gpu_processes",
+    "gpuwatch_gpu_mig_enabled",
+    "gpuwatch_gpu_partitions",
+    "gpuwatch_gpu_ecc_enabled",
+    "gpuwatch_gpu_persistence_mode_enabled",
+)
+_ROW_REMAP = Row(
+    "gpuwatch_gpu_row_remap_pending",
+    "gpuwatch_gpu_row_remap_failed",
+    "gpuwatch_gpu_retired_pages",
+    "gpuwatch_gpu_retired_pages_limit",
+)
+_HEALTH = Row(
+    "gpuwatch_gpu_sram_ecc_threshold_exceeded",
+    "gpuwatch_gpu_recovery_action",
+    "gpuwatch_gpu_inforom_valid",
+    "gpuwatch_gpu_fabric_healthy",
+)
+_PCIE = Row("gpuwatch_gpu_pcie_replays_total", "gpuwatch_gpu_pcie_link_recoveries_total")
+_THERMAL_VIOLATION = Row("gpuwatch_gpu_thermal_violation_seconds_total")
+_ACTIVE = Row(
+    "gpuwatch_gpu_sm_active_ratio",
+    "gpuwatch_gpu_sm_occupancy_ratio",
+    "gpuwatch_gpu_tensor_active_ratio",
+    "gpuwatch_gpu_dram_active_ratio",
+)
+_ACTIVE_TOTALS = Row(
+    "gpuwatch_gpu_sm_active_seconds_total", "gpuwatch_gpu_tensor_active_seconds_total", "gpuwatch_gpu_sm_cycles_total"
+)
+
+
+def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
+    each, row = out.add_each, out.add_row
+    each("gpuwatch_gpu_temperature_celsius", gpu, s.temperature_celsius)
+    each("gpuwatch_gpu_temperature_threshold_celsius", gpu, s.temperature_threshold_celsius)
+    each("gpuwatch_gpu_fan_speed_ratio", gpu, s.fan_speed_ratio)
+    each("gpuwatch_gpu_clock_hertz", gpu, s.clock_hertz)
+    each("gpuwatch_gpu_clock_max_hertz", gpu, s.clock_max_hertz)
+    row(_POWER, gpu, (s.power_watts,))
+    limits = s.power_limit_watts
+    if configured_limit is not None:
+        limits = {**limits, "configured": configured_limit}
+    each("gpuwatch_gpu_power_limit_watts", gpu, limits)
+    row(_ENERGY, gpu, (s.energy_joules, s.performance_state, s.power_supply_undersized))
+    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active)
+    pids = s.process_pids
+    row(
+        _USAGE,
+        gpu,
+        (
+            s.utilization_ratio,
+            s.memory_utilization_ratio,
+            s.memory_used_bytes,
+            s.memory_total_bytes,
+            None if pids is None else len(pids),
+            s.mig_enabled,
+            s.compute_partitions,
+            s.ecc_enabled,
+            s.persistence_mode_enabled,
+        ),
+    )
+    each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
+    each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
+    row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
+    each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
+    row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
+    each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
+    each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
+    row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
+    each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
+    each("gpuwatch_gpu_nvlink_up", gpu, s.nvlink_up)
+    each("gpuwatch_gpu_nvlink_errors_total", gpu, s.nvlink_errors_total)
+    _activity(gpu, s, out)
+
+
+def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
+    """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
+    out.add_row(_ACTIVE, gpu, (s.sm_active_ratio, s.sm_occupancy_ratio, s.tensor_active_ratio, s.dram_active_ratio))
+    out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
+    seconds = s.active_seconds_total
+    out.add_row(_ACTIVE_TOTALS, gpu, (seconds.get("sm"), seconds.get("tensor"), s.sm_cycles_total))
+    out.add_each("gpuwatch_gpu_active_cycles_total", gpu, s.active_cycles_total)
+    out.add_each("gpuwatch_gpu_pcie_bytes_total", gpu, s.pcie_bytes_total)
+    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
+        out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
+
+
+_PROBE_SPEED = Row("gpuwatch_probe_flops", "gpuwatch_probe_spread_ratio")
+_PROBE_RUN = Row(
+    "gpuwatch_probe_h2d_bytes_per_second",
+    "gpuwatch_probe_d2h_bytes_per_second",
+    "gpuwatch_probe_last_success_timestamp_seconds",
+    "gpuwatch_probe_duration_seconds",
+    "gpuwatch_probe_power_capped",
+    "gpuwatch_probe_sm_clock_hertz",
+    "gpuwatch_probe_power_watts",
+    "gpuwatch_probe_temperature_celsius",
+)
+
+
+def export_interval(view: ProbeView, out: _Out) -> None:
+    if view.enabled:
+        out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
+
+
+def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
+    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
+    if not view.enabled:
+        return
+    counts = view.runs.get(uuid, {})
+    for result in RESULTS:
+        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+    baseline = view.baselines.get(uuid)
+    if baseline is not None:
+        out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])
+    previous = view.previous_baselines.get(uuid)
+    if previous is not None:
+        out.add("gpuwatch_probe_baseline_previous_flops", (*gpu, previous[0]), previous[1])
+    last = view.last_ok.get(uuid)
+    if last is None or last.measured is None:
+        return
+    m, t = last.measured, last.telemetry
+    out.add("gpuwatch_probe_info", (*gpu, m.engine, m.engine_version, m.blas_version, m.dtype, m.shape), 1)
+    out.add_row(_PROBE_SPEED, (*gpu, m.dtype), (m.flops_median, m.spread_ratio))
+    out.add_row(
+        _PROBE_RUN,
+        gpu,
+        (
+            m.h2d_bytes_per_second,
+            m.d2h_bytes_per_second,
+            last.timestamp,
+            m.gpu_time_seconds,
+            m.power_capped,
+            t.sm_clock_hertz,
+            t.power_watts,
+            t.temperature_celsius,
+        ),
+    )

@@ -1,1 +1,0 @@
-"""Host power delivery and sensors: hwmon (PMBus supplies, mapped Super-I/O rails, temperatures, fans) and the BMC."""

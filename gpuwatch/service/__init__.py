@@ -1,0 +1,2 @@
+"""The agent as a service: building this node's sources, scheduling the collectors, start, stop, reload,
+health and systemd's notify protocol."""

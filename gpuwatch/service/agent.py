@@ -1,0 +1,272 @@
+"""The service: composes the collectors (gpu_collector, events, host, probe), the store, the exposition and the HTTP
+server, and runs start, stop, reload and health.
+
+The poll job runs on an APScheduler BackgroundScheduler (one instance at a time, missed runs coalesced), so a slow or
+hung vendor call delays only the next poll — never a scrape, which reads the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from gpuwatch.collectors.base import CollectorContext
+from gpuwatch.collectors.probe import ProbeCollector
+from gpuwatch.collectors.sources import BackendSlot, NodeSources
+from gpuwatch.collectors.vendors import VendorCollectors
+from gpuwatch.collectors.xid_events import EventCollector
+from gpuwatch.config.settings import CompatSection, Config, ConfigError, parse_listen
+from gpuwatch.exposition.cache import CachedExposition, cached_metrics_app
+from gpuwatch.exposition.exporter import Extension, GpuwatchCollector
+from gpuwatch.files.statedir import AgentLock
+from gpuwatch.files.statefile import KnownGpus
+from gpuwatch.judge.findings import gpu_health
+from gpuwatch.probe.runner import ProbeRunner
+from gpuwatch.service.scheduling import Collectors
+from gpuwatch.service.sdnotify import ServiceNotifier
+from gpuwatch.service.startup import claim_state_dir, live_part, poll_health, watchdog_problem
+from gpuwatch.state.store import STALE_AFTER_POLLS, SampleStore, StoreSnapshot
+from gpuwatch.web.server import HttpServer, make_app
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 1.5
+# Serving waits this long at most for the first poll, so the first scrape is complete (not a node without GPUs);
+# a vendor call that hangs at start-up delays serving only this much (/healthz then says the poll is stuck).
+FIRST_POLL_WAIT_SECONDS = 2.0
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        sources: NodeSources,
+        *,
+        reload_config: Callable[[], Config] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        notifier: ServiceNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self._notifier = notifier or ServiceNotifier.from_environment()  # systemd: READY, WATCHDOG from poll_once
+        self._sources = sources
+        self._reload_config = reload_config
+        self._clock = clock
+        self._monotonic = monotonic
+        self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
+        self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts)
+        self._known = KnownGpus(config.state_dir)
+        self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.files.statedir)
+        self._stop = threading.Event()
+        self._first_poll = threading.Event()
+        self._reload_requested = threading.Event()
+        self._wake = threading.Event()  # the main thread's: a stop or a reload was asked for
+        self._scheduler: Any = None  # an APScheduler BackgroundScheduler while running
+        self._http: HttpServer | None = None
+        self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._extension, self._extension_names = compat_extension(config.compat)
+        self.registry.register(GpuwatchCollector(self.store, self._extension))
+        # Every collector of gpuwatch/registry.py not disabled: its meta-metrics, schedule and runs (collector.py).
+        context = CollectorContext(
+            lambda: self.config, sources, self.store, self.vendors.active(), clock, monotonic, self._stop
+        )
+        self.collectors = Collectors.build(context)
+        probe = self.collectors.of_type(ProbeCollector)
+        self.probe: ProbeRunner | None = probe.runner if probe is not None else None  # None when off
+        self.store.probe.configure(enabled=self.probe is not None, interval_seconds=config.probe.interval_seconds)
+        self._update_expected()
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        assert self._http is not None
+        return self._http.port
+
+    def start(self) -> None:
+        """Claim what the agent cannot run without (state dir, port), then start polling and serving."""
+        problem = watchdog_problem(self._notifier.watchdog_seconds, self.config)
+        if problem is not None:  # exit 78 before anything starts, not a watchdog restart loop with no hint
+            raise ConfigError(str(self.config.source), "agent.poll_interval_seconds", problem)
+        claim_state_dir(self.config, self._state_lock)
+        self.store.add_known(self._known.load().values())
+        host, port = parse_listen(self.config.agent.listen)
+        cache = CachedExposition(self.store, self._extension, self._extension_names)
+        metrics = cached_metrics_app(cache, make_wsgi_app(self.registry))  # bursts share renders
+        page = lambda: status_page(self.store.snapshot())  # noqa: E731
+        app = make_app(self.registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot()))
+        app = _noting_stuck_calls(app, self._note_stuck_calls)
+        wrap_socket = None
+        if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
+            from gpuwatch.web.webconfig import apply_web_config
+
+            app, wrap_socket = apply_web_config(self.config.agent.web_config, app)  # TLS, basic auth: ConfigError 78
+        self._http = HttpServer(host, port, app, wrap_socket)
+        self.collectors.register()
+        if self.probe is not None:
+            self.probe.load_baselines()  # gpuwatch_probe_baseline_flops survives a restart from the first scrape
+        self._scheduler = self.collectors.start_scheduler(
+            self.poll_once, self.config.agent.poll_interval_seconds, after_job=cache.prerender
+        )
+        self.collectors.start_threads()  # xid_events: a thread per vendor backend
+        self._first_poll.wait(FIRST_POLL_WAIT_SECONDS)
+        self._http.start()
+        self._notifier.serving()
+        log.info("serving on %s (state dir %s)", self.config.agent.listen, self.config.state_dir)
+
+    def handle_signals(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads: installed before `start`, so a signal that comes as soon as the port
+        answers (the first poll done) is a clean stop, never a KeyboardInterrupt inside start-up."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+
+    def run_until_signalled(self) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+        self.handle_signals()
+        while True:
+            self._wake.wait()  # no timeout: an idle agent's main thread never wakes (a signal's handler sets it)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self._notifier.reloading()
+                self.reload()
+                self._notifier.reloaded(f"configuration from {self.config.source}")
+
+    def _on_stop_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self._stop.set()
+        self._wake.set()
+
+    def _on_reload_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        self._reload_requested.set()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
+        self._notifier.stopping()
+        self._stop.set()
+        self._wake.set()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        if self.probe is not None and not self.probe.stop(deadline - time.monotonic()):  # SIGKILL its children
+            log.warning("the probe round did not end within %.1f s of its workers being killed", STOP_GRACE_SECONDS)
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        closer = threading.Thread(target=self.vendors.close, name="close", daemon=True)
+        closer.start()
+        closer.join(max(0.0, deadline - time.monotonic()))
+        if closer.is_alive():
+            log.warning("a vendor library did not close within %.1f s; exiting anyway", STOP_GRACE_SECONDS)
+        running = self.collectors.join_threads(max(0.0, deadline - time.monotonic()))  # xid_events: bounded
+        if running:
+            log.debug("collector threads still running at exit (daemons): %s", ", ".join(running))
+        self._state_lock.release()
+
+    # --- polling -------------------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> list[BackendSlot]:
+        return list(self._sources.slots)
+
+    def _active_slots(self) -> list[BackendSlot]:
+        return self.vendors.active()
+
+    def poll_once(self) -> None:
+        """One poll of every backend; each is timed and isolated, so one failing never stops the others."""
+        try:
+            self.collectors.run_job("poll")
+        finally:
+            self._first_poll.set()
+        self._known.remember(self.store.identities().values())
+        self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
+
+    def _update_expected(self) -> None:
+        counts = self._sources.pci_gpu_counts()
+        needed = {slot.vendor for slot in self._sources.slots}
+        for vendor in sorted(needed | {v for v, n in counts.items() if n}):
+            configured = self.config.expected_gpus(vendor)
+            self.store.set_expected(vendor, configured if configured is not None else counts.get(vendor, 0))
+
+    # --- events --------------------------------------------------------------------------------------------
+
+    def read_events_once(self, slot: BackendSlot, timeout_s: float) -> None:
+        """Wait up to timeout_s for the backend's events, then read the kernel log (NVIDIA XIDs)."""
+        events = self.collectors.of_type(EventCollector)
+        if events is not None:
+            events.read_once(slot, timeout_s)
+
+    def _note_stuck_calls(self) -> None:
+        """Whether a poll hangs in a vendor call, into the store before a request reads it: the poll thread cannot
+        say so while it hangs, and asking from each request costs an idle agent no wake."""
+        self.store.set_stuck_calls(self.vendors.stuck_calls(self._clock()))
+
+    # --- health and reload ---------------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """Healthy while every poll collector finished a run recently and no GPU's readings went stale."""
+        return poll_health(self.store.snapshot(), [slot.name for slot in self._active_slots()], STALE_AFTER_POLLS)
+
+    def reload(self) -> None:
+        """Apply a re-read configuration where it can change live; say which settings need a restart."""
+        if self._reload_config is None:
+            return
+        try:
+            new = self._reload_config()
+        except ConfigError as exc:
+            log.error("configuration not reloaded, keeping the running one: %s", exc)
+            return
+        problem = watchdog_problem(self._notifier.watchdog_seconds, new)
+        if problem is not None:
+            log.error("configuration not reloaded, keeping the running one: agent.poll_interval_seconds: %s", problem)
+            return
+        old = self.config
+        new = live_part(old, new)  # what the running sockets, backends and threads were built from stays
+        logging.getLogger().setLevel(new.agent.log_level.upper())
+        self.config = new
+        self.store.configure(new.agent.poll_interval_seconds, new.gpus.power_limit_watts)
+        self._update_expected()
+        self.collectors.register()  # the vendors' interval is the poll interval
+        if self._scheduler is not None and old.agent.poll_interval_seconds != new.agent.poll_interval_seconds:
+            self._scheduler.reschedule_job("poll", trigger="interval", seconds=new.agent.poll_interval_seconds)
+        log.info("configuration reloaded from %s", new.source)
+
+
+def compat_extension(compat: CompatSection) -> tuple[Extension | None, frozenset[str]]:
+    """`[compat] dcgm`: dcgm-exporter's families and their names, or none. Its tables (1.4 MiB resident) are loaded
+    only when it is on."""
+    if not compat.dcgm:
+        return None, frozenset()
+    from gpuwatch.exposition.dcgm_compat import NAMES, dcgm_extension
+
+    return dcgm_extension(compat), NAMES
+
+
+def status_page(snapshot: StoreSnapshot) -> str:
+    """The HTML status page, its module (0.3 MiB) loaded by the first reader rather than by every agent."""
+    from gpuwatch.web.status_page import render_status_page
+
+    return render_status_page(snapshot)
+
+
+def _noting_stuck_calls(app: Callable[..., Any], note: Callable[[], None]) -> Callable[..., Any]:
+    """The WSGI app, with `note` run before each request: every page (metrics, status, health) sees a hung poll."""
+
+    def noting(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        note()
+        return app(environ, start_response)
+
+    return noting
