@@ -97,6 +97,14 @@ EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
     "row_remap_failure": [(2, "row remap failed", "GpuRowRemapFailure")],
     "gpu_lost": [(2, "lost: ", "GpuLost")],
     "backend_down": [("node", "none of the 8 expected NVIDIA GPUs can be read", "GpuBackendDown")],
+    "nvml_hang": [
+        (
+            "node",
+            "the nvml call nvmlDeviceGetTemperature on GPU 2 (NVIDIA H100 80GB HBM3, GPU-",
+            "GpuwatchVendorCallHung",
+        ),
+        (2, "not readable: vendor call hung: nvmlDeviceGetTemperature on this GPU", "GpuwatchVendorCallHung"),
+    ],
 }
 HEALTHY = ("healthy", "busy")
 PROBED = ("mixed", "underperforming")  # the others run without the probe: 16 agents' probe children on a small CI box
@@ -200,6 +208,11 @@ def test_every_fault_scenario_names_the_fault_the_gpu_and_the_remedy(
         assert "3 of 8 GPUs need attention" in page.summary, page.summary
     if scenario == "backend_down":
         assert "no GPU seen of 8 expected" in page.summary, page.summary
+    if scenario == "nvml_hang":  # the hang first; every GPU frozen by it, none lost
+        assert page.summary.startswith("GPU readings frozen: the nvml call nvmlDeviceGetTemperature on GPU 2 hangs")
+        assert page.node.startswith("the nvml call nvmlDeviceGetTemperature on GPU 2 ("), page.node
+        assert all("not readable: vendor call hung" in text for _, text in page.rows.values()), page.rows
+        assert "lost: " not in dom and "runbooks#gpulost" not in dom
     if scenario == "psu_undervoltage":  # the host's rails against their limits, the sagging one marked
         assert re.search(r'<tr class="row-bad"><td class="l">vout1 .*?11\.20 V', dom), dom
 

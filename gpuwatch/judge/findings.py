@@ -5,11 +5,12 @@ the node, with the rules' own thresholds (gpuwatch.core.thresholds) and the verd
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from gpuwatch.core.model import GpuIdentity, GpuSample
+from gpuwatch.core.model import GpuIdentity, GpuSample, StuckCall
 from gpuwatch.core.thresholds import threshold
-from gpuwatch.judge.verdict import LEVELS, Finding, judge_gpu, judge_host, judge_unusable, judge_xids
+from gpuwatch.judge.verdict import LEVELS, Finding, ago, judge_gpu, judge_host, judge_unusable, judge_xids
 from gpuwatch.probe.baseline import median
 from gpuwatch.state.store import StoreSnapshot
 
@@ -40,6 +41,8 @@ def health_flags(view: GpuView) -> list[Finding]:
         ((code, c.total, c.last_timestamp) for (uuid, code), c in view.snap.xids.items() if uuid == view.identity.uuid),
         view.snap.now,
     )
+    if s is None and (call := frozen_by(view.snap, view.identity.uuid)) is not None:
+        return [_not_readable(view, call), *xids]
     if s is None:
         lost = Finding(
             "bad",
@@ -50,6 +53,71 @@ def health_flags(view: GpuView) -> list[Finding]:
         return [lost, *xids]
     flags = [*judge_gpu(view.identity, s, view.configured_limit_watts), *xids, *_probe_flags(view)]
     return sorted(flags, key=lambda f: LEVELS.index(f.level))
+
+
+def frozen_by(snap: StoreSnapshot, uuid: str) -> StuckCall | None:
+    """The hung vendor call that keeps this GPU's readings stale, or None. A poll reads the vendors in turn, so while
+    one call hangs no GPU of the node is read: a GPU the library last answered for (a sample, no error) is frozen, not
+    lost, as gpuwatch_gpus_detected keeps it and GpuLost leaves it alone. The call on the GPU itself comes first."""
+    if not snap.stuck_calls or uuid not in snap.samples or uuid in snap.gpu_errors or snap.fresh(uuid) is not None:
+        return None
+    return next((c for c in snap.stuck_calls if c.uuid == uuid), snap.stuck_calls[0])
+
+
+def _not_readable(view: GpuView, call: StuckCall) -> Finding:
+    """A GPU frozen by a hung call: its state is unknown (no job belongs on it), and the node's finding says why."""
+    s = view.snap.samples[view.identity.uuid]
+    last = f"last read {ago(view.snap.now - s.timestamp)} ago"
+    if call.uuid == view.identity.uuid:
+        text = f"not readable: vendor call hung: {call.call} on this GPU for {ago(view.snap.now - call.since)}; {last}"
+        return Finding("bad", "GpuwatchVendorCallHung", text, _hang_remedy(call))
+    where = f" on GPU {call.gpu}" if call.gpu else ""
+    return Finding(
+        "warn",
+        "GpuwatchVendorCallHung",
+        f"not readable: vendor call hung: {call.call}{where}, so no GPU of the node is read; {last}",
+        "see the node's hung call above: this GPU is read again once it returns (or the agent restarts)",
+    )
+
+
+def _hang_remedy(call: StuckCall) -> str:
+    """docs/runbooks.md's GpuwatchVendorCallHung, with the vendor's tool and the GPU filled in."""
+    smi = "amd-smi" if call.backend == "amdsmi" else "nvidia-smi"
+    if not call.gpu:
+        reset = "reset the GPU"
+    elif call.backend == "amdsmi":
+        reset = f"reset GPU {call.gpu} (amd-smi reset)"
+    else:
+        reset = f"reset GPU {call.gpu} (nvidia-smi -r -i {call.gpu})"
+    return (
+        f"the driver is stuck: run timeout 30 {smi} (it will likely hang too) and check dmesg for XIDs (79: fallen "
+        f"off the bus); drain the node, {reset} if the driver still answers, else reboot the node; reseat or replace "
+        "the GPU if it recurs"
+    )
+
+
+def _hang_findings(snap: StoreSnapshot) -> list[Finding]:
+    """A poll hung in a vendor call: the call, for how long, and the GPU being read if it is known."""
+    out = []
+    for call in snap.stuck_calls:
+        identity = snap.identities.get(call.uuid)
+        if identity is not None:
+            gpu = f" on GPU {call.gpu} ({identity.model or 'model unknown'}, {identity.uuid})"
+        elif call.gpu:
+            gpu = f" on GPU {call.gpu}" + (f" ({call.uuid})" if call.uuid else "")
+        else:
+            gpu = ""
+        since = time.strftime("%H:%M:%S", time.localtime(call.since))
+        out.append(
+            Finding(
+                "bad",
+                "GpuwatchVendorCallHung",
+                f"the {call.backend} call {call.call}{gpu} has not returned for {ago(snap.now - call.since)} "
+                f"(since {since}): the node's GPU readings are frozen",
+                _hang_remedy(call),
+            )
+        )
+    return out
 
 
 def _probe_flags(view: GpuView) -> list[Finding]:
@@ -92,9 +160,10 @@ def _probe_flags(view: GpuView) -> list[Finding]:
 
 
 def node_findings(snap: StoreSnapshot) -> list[Finding]:
-    """What is wrong with the node rather than one GPU: a vendor library down, GPUs missing against the expected
-    count, GPUs the library counts but cannot open, host rails and supplies, collectors failing."""
-    out: list[Finding] = []
+    """What is wrong with the node rather than one GPU: a poll hung in a vendor call (first), a vendor library down,
+    GPUs missing against the expected count, GPUs the library counts but cannot open, host rails and supplies,
+    collectors failing."""
+    out: list[Finding] = _hang_findings(snap)  # the first: the cause of the stale readings everything else shows
     vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
     down = {vendor_of.get(b, b): (b, msg) for b, (up, msg) in snap.backends.items() if not up}
     for vendor, (backend, message) in sorted(down.items()):
@@ -109,7 +178,13 @@ def node_findings(snap: StoreSnapshot) -> list[Finding]:
                     "check the driver: nvidia-smi / amd-smi, dmesg; reinstall or reload the driver (the agent retries)",
                 )
             )
-    detected = len({_physical(i) for uuid, i in snap.identities.items() if snap.fresh(uuid) is not None})
+    detected = len(
+        {
+            _physical(i)
+            for uuid, i in snap.identities.items()
+            if snap.fresh(uuid) is not None or frozen_by(snap, uuid) is not None
+        }
+    )
     detected += len(snap.unusable)
     expected_total = sum(snap.gpus_expected.values())
     if detected < expected_total and not down:

@@ -1,12 +1,12 @@
 """The agent's own status page at `/`: what someone standing at one node wants to see, without Grafana.
 
-Plain HTML, no JavaScript. The node's own problems first (a vendor library down, GPUs missing against the expected
-count, power cables, host rails and supplies), then one row per GPU with its readings against its own limits and a
-finding per condition an alert rule pages on — with the same thresholds (gpuwatch.core.thresholds,
-gpuwatch.judge.verdict), a "what to do" line and a link to the alert's runbook — then the host's rails and supplies
-against their limits, and the probe's state. It refreshes itself every 10 s. Columns are a table of (header, cell)
-pairs, so adding one is one entry in ``COLUMNS``. This module draws; what is wrong (the findings, shared with
-/health/gpus) is decided in gpuwatch/judge/findings.py.
+Plain HTML, no JavaScript. The node's own problems first (a poll hung in a vendor call, a vendor library down, GPUs
+missing against the expected count, power cables, host rails and supplies), then one row per GPU with its readings
+against its own limits and a finding per condition an alert rule pages on — with the same thresholds
+(gpuwatch.core.thresholds, gpuwatch.judge.verdict), a "what to do" line and a link to the alert's runbook — then the
+host's rails and supplies against their limits, and the probe's state. It refreshes itself every 10 s. Columns are a
+table of (header, cell) pairs, so adding one is one entry in ``COLUMNS``. This module draws; what is wrong (the
+findings, shared with /health/gpus) is decided in gpuwatch/judge/findings.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpuwatch.judge.findings import (
     PROBE_FRESH_INTERVALS,
     SLOW_PROBE_RATIO,
     GpuView,
+    frozen_by,
     health_flags,
     node_findings,
     probe_ratio,
@@ -265,7 +266,9 @@ def render_status_page(snap: StoreSnapshot) -> str:
         attention += any(f.attention for f in flags)
         cells = [f'<td class="l gpu">{_gpu_cell(v)}</td>', f'<td class="l health">{_health_cell(v)}</td>']
         if v.sample is None:
-            cells.append(f'<td class="l muted" colspan="{len(COLUMNS)}">no readings</td>')
+            frozen = frozen_by(snap, v.identity.uuid) is not None
+            why = "no fresh readings while a vendor call hangs" if frozen else "no readings"
+            cells.append(f'<td class="l muted" colspan="{len(COLUMNS)}">{why}</td>')
         else:
             cells += [f'<td class="{"l wrap" if left else ""}">{cell(v)}</td>' for _, _, cell, left in COLUMNS]
         rows.append(f'<tr class="{level}" id="gpu-{v.identity.index}">{"".join(cells)}</tr>')
@@ -280,7 +283,11 @@ def render_status_page(snap: StoreSnapshot) -> str:
     )
     expected = sum(snap.gpus_expected.values())
     node_bad = [f for f in node if f.attention]
-    parts = []
+    parts = [
+        f"<b>GPU readings frozen: the {html.escape(c.backend)} call {html.escape(c.call)}"
+        f"{f' on GPU {html.escape(c.gpu)}' if c.gpu else ''} hangs</b>"
+        for c in snap.stuck_calls
+    ]  # the cause first: every GPU's stale readings below are its symptom
     if node_bad:
         parts.append(f"<b>{len(node_bad)} node problem{'s' if len(node_bad) > 1 else ''}</b> (below)")
     if not gpus:
