@@ -11,14 +11,18 @@ node with basic auth (bcrypt cost 12) and a fake kernel log file it reads XIDs f
     trickle    1,100 connections sending one byte a second (reconnecting when closed)
     passwords  32 clients sending wrong passwords as fast as they are answered
     xids       10,000 forged XIDs written to the kernel log (user-space writes, segfault lines, absurd codes)
+    sighup     1,000 back-to-back SIGHUPs to the agent every second (those that come during a reload make one more)
+    accept     8 clients with the scraper's credentials (as anyone on an agent without auth) asking /metrics for a new
+               Accept version at each request (version=x, version=1.0.<n>): each must cost no render of its own
 
 The attackers' threads run at nice 19 (--attackers-nice): on a GPU node an attacker's load runs on other cores than
 the agent's, but here the load generator, the scraper and the agent share two cores, and at equal priority the
 measurement would be of the load generator's CPU, not of the agent's defences.
 
 and reports per phase: the scraper's p50/p99/max latency and failures, the agent's peak RSS and threads, the size
-of /metrics, and how many tracebacks the agent logged. Exit 1 when a goal is missed: scraper p99 <= 50 ms with no
-failure, RSS <= 100 MiB, /metrics no larger than at baseline (+10 %), no traceback.
+of /metrics, how many tracebacks the agent logged, and how long it took to exit after the final SIGTERM. Exit 1 when a
+goal is missed: scraper p99 <= 50 ms with no failure, RSS <= 100 MiB, /metrics no larger than at baseline (+10 %), no
+traceback, exit within 10 s of SIGTERM.
 
     .venv/bin/python benchmarks/attack.py                  # 20 s per phase
     .venv/bin/python benchmarks/attack.py --duration 30 --json
@@ -34,6 +38,7 @@ import json
 import os
 import resource
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -52,7 +57,7 @@ from agent_cost import free_port, percentile, run_guarded
 
 HOST = "127.0.0.1"  # every connection of this script goes here, never elsewhere
 USER, PASSWORD = "prometheus", "scraper-secret"
-GOALS = {"p99_ms": 50.0, "rss_mib": 100.0}
+GOALS = {"p99_ms": 50.0, "rss_mib": 100.0, "stop_s": 10.0}
 
 AGENT = """
 import resource, sys, time
@@ -65,11 +70,12 @@ from gpuwatch.readers.kmsg import KernelLogXidReader
 import logging
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 port, state, kmsg, web = sys.argv[1:5]
-config = load_config(None, {"agent": {"backend": "simulated", "listen": f"127.0.0.1:{port}", "state_dir": state,
-                                      "web_config": web}, "probe": {"interval_seconds": 0.0}})
+overrides = {"agent": {"backend": "simulated", "listen": f"127.0.0.1:{port}", "state_dir": state, "web_config": web},
+             "probe": {"interval_seconds": 0.0}}
+config = load_config(None, overrides)
 sources = build_sources(config)
 sources.kernel_log = KernelLogXidReader(Path(kmsg), boot_time=time.time() - 3600)
-agent = Agent(config, sources)
+agent = Agent(config, sources, reload_config=lambda: load_config(None, overrides))  # SIGHUP reloads, as `gpuwatch run`
 agent.start()
 print("ready", flush=True)
 agent.run_until_signalled()
@@ -238,6 +244,48 @@ def forged_xids(kmsg: Path, stop: threading.Event, duration: float, count: int =
     return lambda: thread.join(10)
 
 
+def sighup_burst(pid: int, stop: threading.Event, burst: int = 1000) -> Callable[[], None]:
+    """1,000 SIGHUPs back to back, every second: a handler that took a lock deadlocked the main thread under this."""
+
+    def run() -> None:
+        lower_priority()
+        while not stop.is_set():
+            for _ in range(burst):
+                os.kill(pid, signal.SIGHUP)
+            stop.wait(1.0)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return lambda: thread.join(10)
+
+
+def accept_versions(port: int, stop: threading.Event, clients: int = 8) -> Callable[[], None]:
+    """A new Accept version at each request: once a 500 with a traceback (version=x), or a new body to render and a
+    new cache entry for the poll thread to re-render (version=1.0.<n>)."""
+    auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+    def one(n: int) -> None:
+        lower_priority()
+        k = 0
+        while not stop.is_set():
+            k += 1
+            accept = ("text/plain; version=x", f"application/openmetrics-text; version=1.0.{n}{k}")[k % 2]
+            try:
+                conn = http.client.HTTPConnection(HOST, port, timeout=10)
+                conn.request(
+                    "GET", "/metrics", headers={"Authorization": auth, "Accept": accept, "Connection": "close"}
+                )
+                conn.getresponse().read()
+                conn.close()
+            except OSError:
+                stop.wait(0.01)
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    return lambda: [t.join(15) for t in threads] and None
+
+
 def phase(
     name: str, port: int, agent: psutil.Process, duration: float, start: Callable[[threading.Event], Any]
 ) -> dict[str, Any]:
@@ -306,19 +354,25 @@ def run(args: argparse.Namespace) -> int:
                 phase("trickle (1,100 conn.)", port, agent, d, lambda s: trickle(port, s)),
                 phase("passwords (32 clients)", port, agent, d, lambda s: wrong_passwords(port, s)),
                 phase("xids (10,000 forged)", port, agent, d, lambda s: forged_xids(kmsg, s, d)),
+                phase("sighup (1,000 a second)", port, agent, d, lambda s: sighup_burst(child.pid, s)),
+                phase("accept versions (8 clients)", port, agent, d, lambda s: accept_versions(port, s)),
             ]
         finally:
+            stopping = time.monotonic()
             child.terminate()
             try:
                 child.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
+            stop_seconds = time.monotonic() - stopping
         log.seek(0)
         agent_log = log.read()
         log.close()
     tracebacks = agent_log.count("Traceback")
+    reloads = agent_log.count("configuration reloaded")
     baseline_size = phases[0]["metrics_bytes"]
-    ok = tracebacks == 0
+    ok = tracebacks == 0 and stop_seconds <= GOALS["stop_s"] and reloads > 0
     for p in phases:
         p["ok"] = (
             p["failures"] == 0
@@ -329,7 +383,14 @@ def run(args: argparse.Namespace) -> int:
         )
         ok = ok and p["ok"]
     if args.json:
-        print(json.dumps({"phases": phases, "tracebacks": tracebacks, "ok": ok}, indent=2))
+        doc = {
+            "phases": phases,
+            "tracebacks": tracebacks,
+            "reloads": reloads,
+            "stop_s": round(stop_seconds, 2),
+            "ok": ok,
+        }
+        print(json.dumps(doc, indent=2))
     else:
         print(
             "| phase | scrapes | failures | p50 ms | p99 ms | max ms | agent RSS MiB (peak) | threads (peak) "
@@ -342,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
                 f"| {p['rss_mib']} | {p['threads']} | {p['metrics_bytes']} |"
             )
         print(f"\ntracebacks in the agent's log: {tracebacks}; goals {'met' if ok else 'MISSED'}")
+        print(f"reloads logged: {reloads}; the agent exited {stop_seconds:.2f} s after the final SIGTERM")
         warnings = [line for line in agent_log.splitlines() if line.startswith("WARNING")]
         print(f"agent warnings: {len(warnings)}" + "".join(f"\n  {w[:160]}" for w in warnings[:8]))
     return 0 if ok else 1

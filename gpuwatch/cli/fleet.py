@@ -29,6 +29,7 @@ from typing import Any
 
 from gpuwatch.core.exitcodes import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from gpuwatch.core.scenario_catalogue import SCENARIOS
+from gpuwatch.service.signal_inbox import SignalInbox, StopRequest
 from gpuwatch.simulated.scenarios import NODE_ONLY_SCENARIOS
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ def write_targets(path: Path, plan: FleetPlan) -> None:
 def run_fleet(
     plan: FleetPlan,
     targets: Path,
-    stop: threading.Event,
+    stop: StopRequest,
     *,
     announce: Callable[[str], None] = print,
 ) -> None:
@@ -345,7 +346,7 @@ def run_fleet(
                 child.process.join(2.0)
 
 
-def _wait_ready(child: _Child, stop: threading.Event) -> tuple[str, str]:
+def _wait_ready(child: _Child, stop: StopRequest) -> tuple[str, str]:
     while not stop.is_set():
         if child.conn.poll(0.2):
             try:
@@ -379,9 +380,8 @@ def simulate_fleet(args: Any) -> int:
     except FleetError as exc:
         print(f"gpuwatch simulate-fleet: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = SignalInbox()  # its handlers only set a flag: a threading.Event's set() takes a lock (signal_inbox.py)
+    stop.install(stop=(signal.SIGTERM, signal.SIGINT))
     try:
         run_fleet(plan, args.targets, stop, announce=lambda line: print(line, flush=True))
     except FleetError as exc:

@@ -11,12 +11,21 @@ After each scheduler job (a poll), `prerender` renders the new store state's bod
 those that were served since the store last changed, so only for scrapers at least as frequent as the store's
 changes: a scrape then finds its body ready (a cache miss took 2.2 ms at 8 GPUs and one scrape a second, a hit
 0.5-1 ms). A scraper slower than the poll costs at most one render that nobody reads after each of its scrapes.
+
+The format comes from the Accept header through `negotiate`, which hands prometheus_client's `choose_encoder` only
+offers of a version Prometheus defines (text 0.0.4 and 1.0.0, OpenMetrics 0.0.1 and 1.0.0) and skips the others, as
+Prometheus's own negotiation does (prometheus/common expfmt `Negotiate`: an offer of an unknown version is passed
+over, and with none left the answer is text 0.0.4). The library raised on a version that is not dotted numbers
+(`version=x`: a 500 and a traceback per request) and echoed any other into the Content-Type and the cache key
+(`version=1.0.7`, `version=9.9`: a new body to render per spelling, and the poll thread re-rendering every one). So
+the cache holds at most the 10 content types that known versions and escapings make, each plain or gzip.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -24,15 +33,71 @@ from urllib.parse import parse_qs
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.openmetrics.exposition import ALLOWUTF8, DOTS, UNDERSCORES, VALUES
 from prometheus_client.registry import Collector
 
+from gpuwatch.core.latch import Latch
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.exporter import Extension, export, families
 from gpuwatch.exposition.fast import Encoder, SeriesLines, fast_format
 from gpuwatch.exposition.fast import render as render_objects
 from gpuwatch.state.store import SampleStore, StoreSnapshot
 
+log = logging.getLogger(__name__)
+
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+# The versions Prometheus defines for each format it scrapes (prometheus/common expfmt); "" is an offer without one.
+KNOWN_VERSIONS = {
+    "text/plain": ("", "0.0.4", "1.0.0"),
+    "application/openmetrics-text": ("", "0.0.1", "1.0.0"),
+}
+_ESCAPINGS = (UNDERSCORES, DOTS, VALUES, ALLOWUTF8)
+_unknown_offer = Latch(log)  # a warn-once notice: a client sending nonsense must not flood the journal
+
+
+def canonical_accept(accept: str | None) -> tuple[str, str | None]:
+    """The Accept header's offers of a format gpuwatch serves, in their order, each rewritten from known parts only
+    (a known version, a known escaping; q-values and other parameters dropped, as `choose_encoder` ignores them);
+    and the first offer skipped for an unknown version, or None."""
+    offers: list[str] = []
+    skipped: str | None = None
+    for offer in (accept or "").split(","):
+        media, *parameters = offer.split(";")
+        media = media.strip().lower()
+        known = KNOWN_VERSIONS.get(media)
+        if known is None:
+            continue  # */*, protobuf, text/html: choose_encoder passes over them too
+        params: dict[str, str] = {}
+        for parameter in parameters:
+            name, equals, text = parameter.partition("=")
+            if equals:
+                params.setdefault(name.strip().lower(), text.strip().strip('"'))
+        version, escaping = params.get("version", ""), params.get("escaping", "")
+        if version not in known:
+            skipped = skipped if skipped is not None else offer.strip()
+            continue
+        parts = [
+            media,
+            *([f"version={version}"] if version else []),
+            *([f"escaping={escaping}"] if escaping in _ESCAPINGS else []),
+        ]
+        offers.append("; ".join(parts))
+    return ",".join(offers), skipped
+
+
+def negotiate(accept: str | None) -> tuple[Encoder, str]:
+    """(encoder, content type) for a scrape's Accept header: prometheus_client's choice among the offers of known
+    versions, text 0.0.4 when none is left. An offer of an unknown version is said once per process, not per request."""
+    canonical, skipped = canonical_accept(accept)
+    if skipped is not None:
+        _unknown_offer.fail(
+            "a scrape's Accept header offers %s, a version Prometheus does not define; such offers are skipped (text "
+            "0.0.4 when nothing else is offered, as Prometheus's own negotiation does). Said once; later ones are not "
+            "logged",
+            ascii(skipped[:120]),
+        )
+    return choose_encoder(canonical)
 
 
 class _Rendered(Collector):
@@ -67,7 +132,7 @@ class CachedExposition:
 
     def render(self, accept: str | None, compress: bool) -> tuple[str, bytes]:
         """(content type, body) for a scrape that accepts `accept` and, when `compress`, gzip."""
-        encoder, content_type = choose_encoder(accept or "")
+        encoder, content_type = negotiate(accept)
         snap = self._store.snapshot()
         key = _key(snap)
         with self._lock:
@@ -89,7 +154,7 @@ class CachedExposition:
 
     def ready(self, accept: str | None, compress: bool) -> bool:
         """Whether a scrape now would be answered without rendering (the store unchanged since its body was made)."""
-        _, content_type = choose_encoder(accept or "")
+        _, content_type = negotiate(accept)
         key = _key(self._store.snapshot())
         with self._lock:
             return key == self._key and (content_type, compress) in self._bodies
@@ -120,7 +185,7 @@ class CachedExposition:
 
         prometheus_client's own filter finds collectors by the names they describe, and this registry describes
         none (auto_describe off), so it would answer every filter with an empty body."""
-        encoder, content_type = choose_encoder(accept or "")
+        encoder, content_type = negotiate(accept)
         metrics = [
             m for m in families(self._store.snapshot(), self._extension) if m.name in names or _sample_names(m) & names
         ]

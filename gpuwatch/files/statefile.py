@@ -103,13 +103,20 @@ def check_state_dir(state_dir: Path) -> None:
         (state_dir / ".gpuwatch-write-test").unlink()
 
 
-def read_json(path: Path, *, expect_kind: str, move_aside: bool = True) -> dict[str, Any] | None:
+def read_json(
+    path: Path,
+    *,
+    expect_kind: str,
+    move_aside: bool = True,
+    content_problem: Callable[[dict[str, Any]], str | None] | None = None,
+) -> dict[str, Any] | None:
     """The file's content when it is ours (right kind and version); None when missing, unreadable or not ours.
 
     Never raises: a corrupt or foreign file is renamed to ``<name>.corrupt-<unixtime>`` and logged, so the
     agent starts fresh while the evidence stays for a human (``move_aside=False``: only logged, for readers that
     must change nothing, as `gpuwatch check`). A link, FIFO or device in its place is never followed or read, and
-    a file over MAX_STATE_FILE_BYTES is not read either.
+    a file over MAX_STATE_FILE_BYTES is not read either. `content_problem` says what makes a well-formed file of
+    this kind corrupt all the same (a value no writer of it can have written), or None; such a file is moved aside too.
     """
     aside = _move_aside if move_aside else _say_unusable
     try:
@@ -128,6 +135,9 @@ def read_json(path: Path, *, expect_kind: str, move_aside: bool = True) -> dict[
         aside(path, f"it is not valid JSON ({str(exc)[:200]})")
         return None
     problem = _envelope_problem(data, expect_kind)
+    if problem is None and content_problem is not None:
+        assert isinstance(data, dict)
+        problem = content_problem(data)
     if problem is not None:
         aside(path, problem)
         return None

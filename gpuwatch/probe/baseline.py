@@ -12,7 +12,8 @@ after UNCAPPED_PROBES_TO_ESTABLISH consecutive uncapped probes its baseline is t
 marked ``uncapped`` so a later capped run starts a capped baseline instead of mixing with it.
 
 The file is read and written under a lock, so the agent and a `gpuwatch probe --update-baseline` never lose each
-other's change; a corrupt or foreign file is moved aside (see statefile.read_json) and rebuilt, never fatal.
+other's change; a corrupt or foreign file is moved aside (see statefile.read_json) and rebuilt, never fatal. So is
+one holding a throughput no probe can have measured (NaN, infinite, not positive, above probebook.MAX_PLAUSIBLE_FLOPS).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuwatch.core.latch import Latch
 from gpuwatch.files.safefile import open_regular
 from gpuwatch.files.statedir import open_in_state_dir
 from gpuwatch.files.statefile import STATE_VERSION, StateDirError, atomic_write_json, read_json
+from gpuwatch.state.probebook import MAX_PLAUSIBLE_FLOPS, plausible_flops
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +219,9 @@ class Baselines:
             os.close(fd)
 
     def _read(self, *, move_aside: bool = True) -> dict[str, Baseline]:
-        data = read_json(self.path, expect_kind=BASELINES_KIND, move_aside=move_aside)
+        data = read_json(
+            self.path, expect_kind=BASELINES_KIND, move_aside=move_aside, content_problem=_implausible_throughput
+        )
         if data is None:
             return {}
         gpus = data.get("gpus")
@@ -245,6 +249,29 @@ class Baselines:
             self._failing.fail("%s; the probe baseline is kept for this run only", exc)
             return
         self._failing.recover("wrote %s again after earlier failures", self.path)
+
+
+def _implausible_throughput(data: dict[str, Any]) -> str | None:
+    """The first throughput in the file that no probe can have measured (probebook.plausible_flops), or None.
+
+    Such a file was edited or damaged, and every verdict from it is wrong, so it is moved aside whole, as a file that
+    is not JSON is: the agent starts, says so once, and reports no slow probe until the baselines are re-established.
+    A throughput written as a string ("Infinity") is no JSON number and counts as such a value. A malformed entry (a
+    key missing, a key of the wrong shape) stays what `_parse` makes of it: that GPU's baseline ignored and rebuilt."""
+    gpus = data.get("gpus")
+    for uuid, entry in gpus.items() if isinstance(gpus, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        for name in ("flops", "previous_flops"):
+            value = entry.get(name)
+            if value is not None and not plausible_flops(value):
+                return f"GPU {uuid!r} has {name} {value!r}, not a throughput in (0, {MAX_PLAUSIBLE_FLOPS:g}] FLOP/s"
+        for name in ("samples", "uncapped_samples"):
+            values = entry.get(name)
+            bad = [v for v in values if not plausible_flops(v)] if isinstance(values, list) else []
+            if bad:
+                return f"GPU {uuid!r} has {bad[0]!r} in {name}, not a throughput in (0, {MAX_PLAUSIBLE_FLOPS:g}] FLOP/s"
+    return None
 
 
 def _parse(entry: Any) -> Baseline | None:

@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -31,6 +30,7 @@ from gpuwatch.judge.findings import gpu_health
 from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.service.scheduling import Collectors
 from gpuwatch.service.sdnotify import ServiceNotifier
+from gpuwatch.service.signal_inbox import SignalInbox
 from gpuwatch.service.startup import claim_state_dir, live_part, poll_health, watchdog_problem
 from gpuwatch.state.store import STALE_AFTER_POLLS, SampleStore, StoreSnapshot
 from gpuwatch.web.server import HttpServer, make_app
@@ -66,8 +66,7 @@ class Agent:
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.files.statedir)
         self._stop = threading.Event()
         self._first_poll = threading.Event()
-        self._reload_requested = threading.Event()
-        self._wake = threading.Event()  # the main thread's: a stop or a reload was asked for
+        self._signals = SignalInbox()  # what SIGTERM, SIGINT and SIGHUP asked the main thread for
         self._scheduler: Any = None  # an APScheduler BackgroundScheduler while running
         self._http: HttpServer | None = None
         self.vendors = VendorCollectors(sources.slots, self.store, lambda: self.config, monotonic, self._stop)
@@ -120,39 +119,31 @@ class Agent:
 
     def handle_signals(self) -> None:
         """SIGTERM/SIGINT stop, SIGHUP reloads: installed before `start`, so a signal that comes as soon as the port
-        answers (the first poll done) is a clean stop, never a KeyboardInterrupt inside start-up."""
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        answers (the first poll done) is a clean stop, never a KeyboardInterrupt inside start-up. The handlers only
+        record the signal and wake the main thread (gpuwatch/service/signal_inbox.py): one that took a lock deadlocked
+        under a burst of SIGHUPs."""
+        self._signals.install(stop=(signal.SIGTERM, signal.SIGINT), reload=(signal.SIGHUP,))
 
     def run_until_signalled(self) -> None:
-        """Block until SIGTERM/SIGINT; SIGHUP re-reads the configuration."""
+        """Block until SIGTERM/SIGINT (or `stop`); SIGHUP re-reads the configuration, once per burst."""
         self.handle_signals()
         while True:
-            self._wake.wait()  # no timeout: an idle agent's main thread never wakes (a signal's handler sets it)
-            self._wake.clear()
+            received = self._signals.receive()  # no timeout: an idle agent's main thread never wakes
+            if received.stop is not None:
+                log.info("received %s, stopping", signal.Signals(received.stop).name)
+                self._stop.set()
             if self._stop.is_set():
                 return
-            if self._reload_requested.is_set():
-                self._reload_requested.clear()
+            if received.reload:
                 self._notifier.reloading()
                 self.reload()
                 self._notifier.reloaded(f"configuration from {self.config.source}")
-
-    def _on_stop_signal(self, signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        self._stop.set()
-        self._wake.set()
-
-    def _on_reload_signal(self, _signum: int, _frame: FrameType | None) -> None:
-        self._reload_requested.set()
-        self._wake.set()
 
     def stop(self) -> None:
         """Stop within ~2 s even if a vendor call hangs: nothing waits on the poll thread."""
         self._notifier.stopping()
         self._stop.set()
-        self._wake.set()
+        self._signals.wake()  # a run_until_signalled in the main thread returns
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)

@@ -7,12 +7,31 @@ layer: the probe (above) writes it, the store holds it, exposition reads it.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 ProbeResult = Literal["ok", "skipped_busy", "skipped_unsupported", "failed", "timeout"]
 RESULTS: tuple[ProbeResult, ...] = get_args(ProbeResult)
+
+# The highest probe throughput believed, in FLOP/s. The fastest GPUs peak at about 2.5e15 dense in bf16 (the probe's
+# default dtype; B200/B300) and at 1.5e16 at their lowest precision (B300, FP4 dense); 1e18 is over 60 times that,
+# so a value above it is a corrupt number, never a fast GPU. There is no lower bound but zero: the probe's size is
+# configurable, and a small matmul on a slow device measures little.
+MAX_PLAUSIBLE_FLOPS = 1e18
+
+
+def plausible_flops(value: object) -> bool:
+    """Whether `value` can be a measured throughput: a finite number in (0, MAX_PLAUSIBLE_FLOPS]. NaN, infinities,
+    zero, negatives and 1e308 are not (each made a wrong verdict: a negative baseline a "-68 %" slow probe, an
+    infinite one a GpuUnderperforming that never healed, NaN no check at all)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_PLAUSIBLE_FLOPS
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +84,10 @@ class WorkerResult:
             copy_kind=str(data.get("copy_kind", "")),
             device=str(data.get("device", "")),
         )
-        if not result.flops_median > 0:
-            raise ValueError(f"flops_median must be positive, got {result.flops_median!r}")
+        if not plausible_flops(result.flops_median):
+            raise ValueError(
+                f"flops_median must be in (0, {MAX_PLAUSIBLE_FLOPS:g}] FLOP/s, got {result.flops_median!r}"
+            )
         return result
 
 
