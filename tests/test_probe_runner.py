@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import statistics
 import sys
 import textwrap
 import threading
@@ -303,6 +305,7 @@ def test_probe_scenarios_show_the_slow_gpu_within_a_few_probe_intervals(
             sim.probe_round()
             sim.run(10.0)
         held_down = 2 if scenario == "mixed" else None  # mixed's GPU 2 overheats at idle: never probed
+        capped = 5 if scenario == "mixed" else None  # mixed's GPU 5 runs at 500 W of 700 W: its baseline is learnt so
         for gpu in range(8):
             flops = sim.value("gpuwatch_probe_flops", gpu, dtype="bf16")
             baseline = sim.value("gpuwatch_probe_baseline_flops", gpu, dtype="bf16")
@@ -311,11 +314,46 @@ def test_probe_scenarios_show_the_slow_gpu_within_a_few_probe_intervals(
                 assert (sim.value("gpuwatch_probe_runs_total", gpu, result="skipped_busy") or 0) >= 4
                 continue
             assert flops is not None and baseline is not None
-            assert 650e12 < baseline < 730e12  # the median of healthy H100 probes at the power cap
+            # the median of healthy H100 probes at the power cap; at a lower cap, at the clock the physics gives it
+            share = math.sqrt(500 / 700) if gpu == capped else 1.0
+            assert 650e12 * share < baseline < 730e12 * share, (gpu, baseline)
             ratio = flops / baseline
             assert (ratio < 0.85) == (gpu == slow_gpu), (gpu, ratio)
             assert sim.value("gpuwatch_probe_runs_total", gpu, result="ok") == 6.0
             assert sim.value("gpuwatch_probe_power_capped", gpu) == 1.0
+    finally:
+        sim.close()
+
+
+def test_a_probe_runs_on_the_simulated_gpus_physics(tmp_path: Path) -> None:
+    """Issue #30 (9): mixed's GPU 5, at 500 W of 700 W, probed at 100 % of its peers with the idle clock and 70 W in
+    its telemetry. A probe's load is the node's physics: every GPU runs at its power cap while probed, GPU 5 at the
+    SM clock its cap gives (sqrt(500/700) of its peers', physics.py), so it computes clearly slower, and a probe that
+    says it reached the power limit shows a mean power near that limit and a temperature that rose."""
+    sim = SimAgent(tmp_path, scenario="mixed", probe={"interval_seconds": 10.0})
+    try:
+        sim.run(1.0)  # (GPU 2, whose cooling fails from 1 s, is probed before it heats up)
+        before = {gpu: sim.value("gpuwatch_gpu_temperature_celsius", gpu, sensor="core") for gpu in range(8)}
+        sim.probe_round()
+        probed = [gpu for gpu in range(8) if sim.value("gpuwatch_probe_runs_total", gpu, result="ok") == 1.0]
+        assert 5 in probed and len(probed) >= 6, probed
+        peers = [gpu for gpu in probed if gpu != 5]
+        flops = {gpu: sim.value("gpuwatch_probe_flops", gpu, dtype="bf16") or 0.0 for gpu in probed}
+        clock = {gpu: sim.value("gpuwatch_probe_sm_clock_hertz", gpu) or 0.0 for gpu in probed}
+        assert flops[5] < 0.95 * statistics.median(flops[g] for g in peers), flops
+        assert flops[5] == pytest.approx(math.sqrt(500 / 700) * statistics.median(flops[g] for g in peers), rel=0.03)
+        idle_clock = sim.node.profile.clock_idle_mhz["sm"] * 1e6
+        assert idle_clock < clock[5] < min(clock[g] for g in peers), clock
+        for gpu in probed:
+            limit = sim.value("gpuwatch_gpu_power_limit_watts", gpu, limit="enforced")
+            assert limit == (500.0 if gpu == 5 else 700.0)
+            assert sim.value("gpuwatch_probe_power_capped", gpu) == 1.0, gpu
+            assert (sim.value("gpuwatch_probe_power_watts", gpu) or 0.0) >= 0.85 * limit, gpu
+            assert (sim.value("gpuwatch_probe_temperature_celsius", gpu) or 0.0) > (before[gpu] or 0.0), gpu
+        sim.run(2.0)  # the workers are gone: the GPUs are idle again
+        for gpu in probed:
+            assert sim.value("gpuwatch_gpu_utilization_ratio", gpu) == 0.0
+            assert sim.value("gpuwatch_gpu_clock_hertz", gpu, clock="sm") == idle_clock
     finally:
         sim.close()
 
