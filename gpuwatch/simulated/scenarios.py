@@ -291,7 +291,7 @@ class SimulatedNode:
         the GPU's readings show the load meanwhile. Returns the SM clock it runs at as a share of a healthy GPU's
         under the same load (physics.probe_clock_share), which its throughput follows."""
         with self._lock:
-            t = self.elapsed()
+            t = round(self.elapsed(), 6)  # as state() reads it
             self._integrate(index, t)
             plan = self._plans[index]
             share = probe_clock_share(self.profile, plan, self._jitter[index], t)
@@ -301,7 +301,7 @@ class SimulatedNode:
             return share
 
     def _end_probe_load(self, index: int) -> None:
-        t = self.elapsed()
+        t = round(self.elapsed(), 6)  # as state() reads it: the reading that noticed shows the GPU idle
         self._integrate(index, t)
         plan = self._plans[index]
         if plan.probe_load is not None:
