@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import statistics
+import subprocess
 import sys
 import textwrap
 import threading
@@ -356,6 +357,29 @@ def test_a_probe_runs_on_the_simulated_gpus_physics(tmp_path: Path) -> None:
             assert sim.value("gpuwatch_gpu_clock_hertz", gpu, clock="sm") == idle_clock
     finally:
         sim.close()
+
+
+def test_a_simulated_workers_load_lasts_until_the_runner_has_reaped_it(tmp_path: Path) -> None:
+    """The node runs a probe's load while its worker exists: from before it wrote its PID (starting up), while it
+    runs, and as a zombie (exited, not yet reaped: the runner still takes samples into its telemetry), but not once
+    reaped; a worker that never wrote its PID loads its GPU no longer than START_BOUND_S."""
+    from gpuwatch.simulated.probe_launcher import START_BOUND_S, WorkerAlive
+
+    pid_file = tmp_path / "gpu0.pid"
+    alive = WorkerAlive(pid_file)
+    assert alive()  # starting up
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    pid_file.write_text(str(child.pid))
+    assert alive() and not pid_file.exists()  # read once, then gone
+    assert child.stdin is not None
+    child.stdin.close()
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert alive()  # exited, not reaped
+    child.wait()
+    assert not alive()
+    assert not WorkerAlive(tmp_path / "never.pid", started=time.monotonic() - START_BOUND_S - 1)()
 
 
 def test_a_worker_that_survives_sigkill_never_blocks_the_round_or_its_locks(
