@@ -359,6 +359,34 @@ def test_a_probe_runs_on_the_simulated_gpus_physics(tmp_path: Path) -> None:
         sim.close()
 
 
+def test_a_probe_of_a_healthy_node_raises_no_finding_while_it_runs(tmp_path: Path) -> None:
+    """The probe's load raises the GPUs' utilization to 100 % while the PCIe link the agent knows was read (slow tier)
+    at idle, where GPUs 3 and 7 of the simulated node rest at gen 1: the status page must not call their link
+    downtrained "while busy" for the probe's own load, during the round or from a sample it took."""
+    from gpuwatch.status_findings import health_flags, views
+
+    sim = SimAgent(tmp_path, scenario="healthy", probe={"interval_seconds": 10.0})
+    try:
+        sim.run(1.0)
+        seen: set[tuple[int, str]] = set()
+        busy_polls = 0
+        round_ = threading.Thread(target=sim.probe_round)
+        round_.start()
+        while round_.is_alive():
+            snap = sim.agent.store.snapshot()
+            busy_polls += any((s.utilization_ratio or 0) > 0.5 for s in snap.samples.values())
+            seen |= {(v.identity.index, f.alert) for v in views(snap) for f in health_flags(v)}
+            time.sleep(0.01)
+        round_.join()
+        snap = sim.agent.store.snapshot()
+        seen |= {(v.identity.index, f.alert) for v in views(snap) for f in health_flags(v)}
+        assert busy_polls > 0  # the round's polls showed the load
+        assert seen == set()
+        assert sim.value("gpuwatch_probe_runs_total", 3, result="ok") == 1.0
+    finally:
+        sim.close()
+
+
 def test_a_simulated_workers_load_lasts_until_the_runner_has_reaped_it(tmp_path: Path) -> None:
     """The node runs a probe's load while its worker exists: from before it wrote its PID (starting up), while it
     runs, and as a zombie (exited, not yet reaped: the runner still takes samples into its telemetry), but not once
