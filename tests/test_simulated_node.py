@@ -420,6 +420,36 @@ def test_a_probe_loads_the_gpu_through_nvml_at_its_power_cap_and_the_clock_that_
     assert lib.nvmlDeviceGetPowerUsage(h[4]) > 0.97 * 700_000  # GPU 4's worker still runs
 
 
+def test_a_probes_load_shows_in_the_activity_counters_and_they_keep_it() -> None:
+    """GPM's SM activity (activity.py) agrees with the probe's 100 % utilization: its matmul keeps the SMs and the
+    tensor pipes busy while it runs, nothing after, and a later probe adds to the counters since boot (never takes
+    the earlier one's share away)."""
+    node, _lib, clock = make("healthy", gpus=1)
+    clock.advance(1.0)
+
+    def sm_active_s() -> float:
+        return node.state(0).activity.active_s["sm_active"]
+
+    def probe(seconds: float) -> float:
+        running = [True]
+        before = sm_active_s()
+        node.start_probe_load(0, lambda: running[0])
+        clock.advance(seconds)
+        during = sm_active_s() - before
+        running[0] = False
+        sm_active_s()  # the reading that notices the worker gone
+        return during
+
+    assert sm_active_s() == 0.0  # idle since boot
+    assert 0.9 * 10 < probe(10.0) < 10.0
+    assert node.state(0).activity.active_s["tensor_active"] <= sm_active_s()
+    after_first = sm_active_s()
+    clock.advance(30.0)
+    assert sm_active_s() == after_first  # idle again
+    assert 0.9 * 5 < probe(5.0) < 5.0
+    assert sm_active_s() > after_first + 4.5
+
+
 def test_underperforming_has_healthy_telemetry() -> None:
     node, lib, clock = make("underperforming")
     clock.advance(20.0)

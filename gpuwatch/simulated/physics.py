@@ -150,6 +150,7 @@ class GpuPlan:
     # cap meanwhile, as under any full load, and cools down after. Only the last probe's window is kept (by then an
     # older one has long cooled).
     probe_load: tuple[float, float | None] | None = None
+    probe_area_before: float = 0.0  # the earlier probes' share of the activity counters (activity.probe_area)
 
 
 @dataclass(frozen=True, slots=True)

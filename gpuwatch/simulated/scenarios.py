@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwatch.model import THROTTLE_REASONS, Vendor
 from gpuwatch.scenario_catalogue import SCENARIOS
-from gpuwatch.simulated.activity import ActivityTotals, totals
+from gpuwatch.simulated.activity import ActivityTotals, probe_area, totals
 from gpuwatch.simulated.faults import FaultInjector
 from gpuwatch.simulated.physics import (
     PROFILES,
@@ -293,9 +293,10 @@ class SimulatedNode:
         with self._lock:
             t = round(self.elapsed(), 6)  # as state() reads it
             self._integrate(index, t)
-            plan = self._plans[index]
-            share = probe_clock_share(self.profile, plan, self._jitter[index], t)
-            self._plans[index] = replace(plan, probe_load=(t, None))
+            plan, jitter = self._plans[index], self._jitter[index]
+            share = probe_clock_share(self.profile, plan, jitter, t)
+            before = probe_area(plan, jitter, t)  # the activity counters keep what earlier probes added
+            self._plans[index] = replace(plan, probe_load=(t, None), probe_area_before=before)
             self._probe_running[index] = running
             self._cache.pop(index, None)
             return share
