@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -105,10 +107,29 @@ class SimAgent:
                 self._last_run[job] = self.clock.elapsed
                 self.agent.collectors.run_job(job)
 
-    def probe_round(self) -> None:
-        """One scheduled probe round now (real worker children; the fake clock stands still meanwhile)."""
+    def probe_round(self, poll_every: float = 0.05) -> None:
+        """One scheduled probe round now, with real worker children. Meanwhile the test's clock follows the real one
+        and the agent polls every `poll_every` seconds, as its poll job would: the probe's telemetry and its power-cap
+        signal come from those polls, which show the probe's load on the simulated GPUs."""
         assert self.agent.probe is not None, "the probe is off in this SimAgent"
-        self.agent.collectors.run_job("probe")
+        done = threading.Event()
+
+        def poll() -> None:
+            last = time.monotonic()
+            while not done.wait(poll_every):
+                now = time.monotonic()
+                self.clock.elapsed += now - last
+                last = now
+                self.agent.poll_once()
+
+        self.clock.elapsed += poll_every  # the round starts after the last poll, as on a real clock
+        poller = threading.Thread(target=poll, name="simnode-probe-poll")
+        poller.start()
+        try:
+            self.agent.collectors.run_job("probe")
+        finally:
+            done.set()
+            poller.join()
         self._scraped = None
 
     def text(self) -> str:

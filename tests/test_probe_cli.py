@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,27 @@ def test_probe_prints_each_gpu_beside_its_baseline_and_changes_baselines_only_wh
     proc = gpuwatch_probe(tmp_path, "--json", "--reset-baseline", "--gpu", "1")
     (only,) = results(proc)
     assert only["gpu"] == 1 and only["baseline_flops"] is None
+
+
+def test_a_gpu_capped_at_500_w_probes_slower_than_its_peers_at_its_cap(tmp_path: Path) -> None:
+    """Issue #30 (9), end to end: `gpuwatch probe` on the mixed node, whose GPU 5 runs at 500 W of 700 W. The
+    probe's load runs on the simulated GPUs' physics: GPU 5 computes at the clock its cap gives (about sqrt(500/700)
+    of its peers'), below 95 % of their median, and every GPU that reached its power limit shows a mean power near
+    its own limit, GPU 5's near 500 W, with an SM clock between idle and its peers'."""
+    argv = [sys.executable, "-m", "gpuwatch", "probe", "--backend", "simulated", "--scenario", "mixed", "--json"]
+    proc = subprocess.run([*argv, "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = {r["gpu"]: r for r in results(proc)}
+    ok = {gpu: r for gpu, r in out.items() if r["result"] == "ok"}
+    assert 5 in ok and len(ok) >= 6, out
+    peers = [gpu for gpu in ok if gpu != 5]
+    flops = {gpu: r["measured"]["flops_median"] for gpu, r in ok.items()}
+    assert flops[5] < 0.95 * statistics.median(flops[g] for g in peers), flops
+    clock = {gpu: r["telemetry"]["sm_clock_hertz"] for gpu, r in ok.items()}
+    assert 345e6 < clock[5] < min(clock[g] for g in peers), clock  # H100 idle SM clock: 345 MHz
+    for gpu, r in ok.items():
+        limit = 500.0 if gpu == 5 else 700.0
+        assert r["measured"]["power_capped"] is True, (gpu, r)
+        assert r["telemetry"]["samples"] >= 1 and r["telemetry"]["power_watts"] >= 0.85 * limit, (gpu, r)
 
 
 def test_probe_skips_busy_gpus_and_says_so(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.probe.engines import available_engines
+from gpuwatch.probe.protocol import CAPPED_LINE
 
 WORKER = [sys.executable, "-m", "gpuwatch.probe.worker", "--json"]
 TINY = ["--size", "64", "--warmup-min", "0.02", "--warmup-max", "0.05", "--measure", "0.05", "--copy-mib", "1"]
@@ -88,11 +89,17 @@ def test_the_simulated_worker_is_a_realistic_h100_slowed_by_the_scenario() -> No
     """Its own entry point, a real child taking the production worker's arguments; the production worker has no
     simulation left in it."""
     sim = [sys.executable, "-m", "gpuwatch.simulated.probe_worker", "--json", "--seed", "1", "--seconds", "0"]
-    code, healthy = run(*TINY, "--power-signal", command=sim)
+    code, healthy = run(*TINY, "--power-signal", stdin=f"{CAPPED_LINE}\n", command=sim)
     assert code == 0 and 680e12 < healthy["flops_median"] < 700e12 and healthy["power_capped"] is True
     assert healthy["shape"] == "64x64x64" and healthy["engine"] == "simulated"
     code, slow = run("--slowdown", "0.2", command=sim)
     assert slow["flops_median"] == pytest.approx(0.8 * healthy["flops_median"])
+    # As the production worker: power_capped only when the runner said so before warm-up ended, None unasked.
+    assert run(*TINY, "--power-signal", command=sim)[1]["power_capped"] is False
+    assert slow["power_capped"] is None
+    # The clock its GPU's physics gives the probe's load (the launcher's --clock-share) sets its throughput.
+    capped = run("--clock-share", "0.845", command=sim)[1]
+    assert capped["flops_median"] == pytest.approx(0.845 * healthy["flops_median"])
     refused = subprocess.run([*WORKER, "--simulate"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unrecognized arguments: --simulate" in refused.stderr
 

@@ -381,6 +381,75 @@ def test_mixed_demo_node() -> None:
     assert all(lib.nvmlDeviceGetComputeRunningProcesses(x) == [] for x in h)
 
 
+def test_a_probe_loads_the_gpu_through_nvml_at_its_power_cap_and_the_clock_that_cap_gives() -> None:
+    """Issue #30 (9): mixed's GPU 5 (500 W of 700 W) read idle while probed. While a probe's worker runs, NVML shows
+    the load as under any full load (physics.rates): power just under the enforced limit, sw_power_cap, the SM clock
+    sqrt(limit share) of the busy clock, utilization 100 %, temperature rising, but no compute process of the
+    scenario's (the worker is the probe's own); after, the idle clock, and the temperature cools with the same time
+    constant. The energy counter integrates the load."""
+    node, lib, clock = make("mixed")
+    clock.advance(1.0)
+    h = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+    idle = {i: (lib.nvmlDeviceGetTemperature(h[i], 0), lib.nvmlDeviceGetTotalEnergyConsumption(h[i])) for i in (4, 5)}
+    running = {4: True, 5: True}
+    shares = {i: node.start_probe_load(i, lambda i=i: running[i]) for i in (4, 5)}
+    assert shares[4] == pytest.approx(1.0) and shares[5] == pytest.approx((500 / 700) ** 0.5)
+    clock.advance(10.0)
+    for i, limit in ((4, 700_000), (5, 500_000)):
+        assert 0.97 * limit <= lib.nvmlDeviceGetPowerUsage(h[i]) <= limit
+        assert reasons(lib, h[i]) == c.nvmlClocksEventReasonSwPowerCap
+        sm = lib.nvmlDeviceGetClockInfo(h[i], c.NVML_CLOCK_SM)
+        assert sm == pytest.approx(1365 * shares[i], abs=16), i  # the busy clock at the cap, its 15 MHz bins
+        assert lib.nvmlDeviceGetUtilizationRates(h[i]).gpu == 100
+        assert lib.nvmlDeviceGetComputeRunningProcesses(h[i]) == []
+        assert lib.nvmlDeviceGetTemperature(h[i], 0) > idle[i][0] + 8  # 10 s into a 12 s time constant
+        joules = (lib.nvmlDeviceGetTotalEnergyConsumption(h[i]) - idle[i][1]) / 1000
+        assert 0.9 * 10 * limit / 1000 < joules < 10 * limit / 1000
+    assert lib.nvmlDeviceGetClockInfo(h[5], c.NVML_CLOCK_SM) < lib.nvmlDeviceGetClockInfo(h[4], c.NVML_CLOCK_SM)
+    assert lib.nvmlDeviceGetClockInfo(h[3], c.NVML_CLOCK_SM) == 345  # a GPU not probed stays idle
+    hot = lib.nvmlDeviceGetTemperature(h[5], 0)
+    running[5] = False  # the worker is gone: the next reading of the GPU notices
+    assert lib.nvmlDeviceGetClockInfo(h[5], c.NVML_CLOCK_SM) == 345
+    clock.advance(1.0)
+    assert reasons(lib, h[5]) == c.nvmlClocksEventReasonGpuIdle
+    assert lib.nvmlDeviceGetClockInfo(h[5], c.NVML_CLOCK_SM) == 345
+    assert lib.nvmlDeviceGetPowerUsage(h[5]) < 100_000
+    assert idle[5][0] < lib.nvmlDeviceGetTemperature(h[5], 0) < hot  # cooling, not back to idle at once
+    clock.advance(60.0)
+    assert lib.nvmlDeviceGetTemperature(h[5], 0) <= idle[5][0] + 1
+    assert lib.nvmlDeviceGetPowerUsage(h[4]) > 0.97 * 700_000  # GPU 4's worker still runs
+
+
+def test_a_probes_load_shows_in_the_activity_counters_and_they_keep_it() -> None:
+    """GPM's SM activity (activity.py) agrees with the probe's 100 % utilization: its matmul keeps the SMs and the
+    tensor pipes busy while it runs, nothing after, and a later probe adds to the counters since boot (never takes
+    the earlier one's share away)."""
+    node, _lib, clock = make("healthy", gpus=1)
+    clock.advance(1.0)
+
+    def sm_active_s() -> float:
+        return node.state(0).activity.active_s["sm_active"]
+
+    def probe(seconds: float) -> float:
+        running = [True]
+        before = sm_active_s()
+        node.start_probe_load(0, lambda: running[0])
+        clock.advance(seconds)
+        during = sm_active_s() - before
+        running[0] = False
+        sm_active_s()  # the reading that notices the worker gone
+        return during
+
+    assert sm_active_s() == 0.0  # idle since boot
+    assert 0.9 * 10 < probe(10.0) < 10.0
+    assert node.state(0).activity.active_s["tensor_active"] <= sm_active_s()
+    after_first = sm_active_s()
+    clock.advance(30.0)
+    assert sm_active_s() == after_first  # idle again
+    assert 0.9 * 5 < probe(5.0) < 5.0
+    assert sm_active_s() > after_first + 4.5
+
+
 def test_underperforming_has_healthy_telemetry() -> None:
     node, lib, clock = make("underperforming")
     clock.advance(20.0)

@@ -119,17 +119,22 @@ class WorkerSupervisor:
         """Start a worker for each (GPU, its last sample, probed although busy), watch them all until each ended;
         nothing of theirs outlives the round except a child stuck in the driver (kept in `stuck`)."""
         started = time.monotonic()
-        children = [self._spawn(settings, identity, sample, busy) for identity, sample, busy in runnable]
-        with self._children_lock:
-            self._children = children
+        uuids = [identity.uuid for identity, _, _ in runnable]
+        self._store.probe.probing(uuids, self._clock())  # until they end, the GPUs' load is the probe's own
         try:
-            self._watch(children, started)
-        finally:
+            children = [self._spawn(settings, identity, sample, busy) for identity, sample, busy in runnable]
             with self._children_lock:
-                self._children = []
-            for child in children:
-                if not child.unkillable:  # a stuck one was SIGKILLed already and is reaped by a later round
-                    _kill_group(child.proc)  # nothing of ours outlives the round (grandchildren included)
+                self._children = children
+            try:
+                self._watch(children, started)
+            finally:
+                with self._children_lock:
+                    self._children = []
+                for child in children:
+                    if not child.unkillable:  # a stuck one was SIGKILLed already and is reaped by a later round
+                        _kill_group(child.proc)  # nothing of ours outlives the round (grandchildren included)
+        finally:
+            self._store.probe.probed(uuids, self._clock())
         return children
 
     def _spawn(self, settings: ProbeSection, identity: GpuIdentity, sample: GpuSample, busy: bool) -> _Child:

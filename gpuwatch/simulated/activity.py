@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuwatch.simulated.physics import GpuPlan, Jitter
+from gpuwatch.simulated.physics import GpuPlan, Jitter, probing
 
 # Channels of a GPM sample's counters: every share below, then the per-link NVLink bytes.
 PIPES: tuple[str, ...] = ("hmma", "dmma", "imma", "dfma", "fp64", "fp32", "fp16", "integer")
@@ -56,6 +56,15 @@ PROFILES: dict[str, dict[str, float]] = {
     },
     # A process holds its memory, no kernel runs.
     "idle_allocated": {},
+    # The probe's large bf16 matmul on an otherwise idle GPU: tensor pipes busy nearly all the time, few warps per SM.
+    "probe": {
+        "sm_active": 0.97,
+        "sm_occupancy": 0.12,
+        "hmma": 0.88,
+        "fp32": 0.02,
+        "integer": 0.03,
+        "dram_active": 0.35,
+    },
 }
 # NVLink bytes per second per link and direction while the workload runs (an all-reduce on every step in training).
 NVLINK_BYTES_PER_S: dict[str, float] = {"busy": 6e9, "training": 18e9, "dataloader_starved": 0.4e9}
@@ -69,7 +78,10 @@ def workload(plan: GpuPlan) -> str | None:
 
 
 def _base(plan: GpuPlan) -> dict[str, float]:
-    name = workload(plan)
+    return _profile(workload(plan))
+
+
+def _profile(name: str | None) -> dict[str, float]:
     shares = dict(PROFILES.get(name, {})) if name is not None else {}
     shares["tensor_active"] = sum(shares.get(p, 0.0) for p in ("hmma", "dmma", "imma", "dfma"))
     return shares
@@ -82,8 +94,21 @@ def _phase(jitter: Jitter) -> float:
 def shares(plan: GpuPlan, jitter: Jitter, t: float) -> dict[str, float]:
     """Every channel's share 0-1 at `t` seconds after the node started."""
     m = 1.0 + _A * math.sin(2 * math.pi * t / _PERIOD_S + _phase(jitter))
-    base = _base(plan)
+    name = workload(plan)
+    base = _profile("probe" if name is None and probing(plan, t) else name)
     return {ch: base.get(ch, 0.0) * m for ch in CHANNELS}
+
+
+def probe_area(plan: GpuPlan, jitter: Jitter, t: float) -> float:
+    """∫ m over every probe's load on this idle GPU until `t`: the earlier probes' (plan.probe_area_before) and the
+    last one's, so the counters since boot keep what each probe added."""
+    if workload(plan) is not None or plan.probe_load is None:
+        return plan.probe_area_before
+    since, until = plan.probe_load
+    end = t if until is None else min(t, until)
+    if end <= since:
+        return plan.probe_area_before
+    return plan.probe_area_before + _modulation_integral(jitter, end) - _modulation_integral(jitter, since)
 
 
 def _modulation_integral(jitter: Jitter, t: float) -> float:
@@ -111,9 +136,10 @@ def totals(plan: GpuPlan, jitter: Jitter, t: float, links: int) -> ActivityTotal
     boot_traffic = 1.5e6  # link training and keep-alive traffic before the node started
     rx = tuple(boot_traffic + per_link * (1.0 + 0.01 * link) for link in range(links))
     tx = tuple(boot_traffic + per_link * (1.0 - 0.01 * link) for link in range(links))
+    probe, under_probe = _profile("probe"), probe_area(plan, jitter, t)
     return ActivityTotals(
         uptime_s=BOOT_UPTIME_S + max(0.0, t),
-        active_s={ch: base.get(ch, 0.0) * area for ch in CHANNELS},
+        active_s={ch: base.get(ch, 0.0) * area + probe.get(ch, 0.0) * under_probe for ch in CHANNELS},
         nvlink_rx_bytes=rx,
         nvlink_tx_bytes=tx,
     )

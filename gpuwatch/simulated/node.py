@@ -60,7 +60,7 @@ def simulated_sources(
         if host
         else []
     )
-    launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time)
+    launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time, node=node)
     return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, simulated_procfs(node))
 
 

@@ -8,7 +8,7 @@ interpolated hash of time, so values look alive without a random-number generato
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwatch.core.model import Vendor
 
@@ -146,6 +146,11 @@ class GpuPlan:
     # What the GPU's job does with it (activity.py): training, dataloader_starved (busy, few SMs working),
     # idle_allocated (not busy, a process holds memory); None: by `busy`.
     work: str | None = None
+    # The probe's matmul, from its worker's start until it ended (None: still running): the GPU runs at its power
+    # cap meanwhile, as under any full load, and cools down after. Only the last probe's window is kept (by then an
+    # older one has long cooled).
+    probe_load: tuple[float, float | None] | None = None
+    probe_area_before: float = 0.0  # the earlier probes' share of the activity counters (activity.probe_area)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +237,31 @@ def _mix(x: int) -> int:
 CH_TEMP, CH_MEM_TEMP, CH_POWER, CH_SM, CH_UTIL, CH_VIDEO, CH_PCIE = range(7)
 
 RAMP_S = 8.0  # how long a temperature fault takes to climb from normal to its plateau
+TEMP_TIME_CONSTANT_S = 12.0  # a loaded GPU's core temperature approaches its plateau with this time constant
 THROTTLE_PERIOD_S = 10.0  # thermal_throttling: sw_thermal holds clocks down 7 s of every 10
 THROTTLE_ACTIVE_S = 7.0
+
+
+def probing(plan: GpuPlan, t: float) -> bool:
+    """Whether the probe's load runs on this GPU at `t`."""
+    if plan.probe_load is None:
+        return False
+    since, until = plan.probe_load
+    return since <= t and (until is None or t < until)
+
+
+def _loaded_temp(profile: VendorProfile, idle_temp: float, share: float, u: float) -> float:
+    """The core temperature `u` seconds into a full load from idle: toward the busy plateau, lower at a lower power
+    limit, with the busy workload's time constant."""
+    end = idle_temp + (profile.busy_temp_end_celsius - idle_temp) * share
+    return end - (end - idle_temp) * math.exp(-max(0.0, u) / TEMP_TIME_CONSTANT_S)
+
+
+def probe_clock_share(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> float:
+    """The SM clock a probe starting at `t` runs at, as a share of a healthy GPU's under the same load at its
+    default power limit: the probe's throughput follows its clock (a matmul at the power cap is clock-bound)."""
+    loaded = replace(plan, probe_load=(t, None))
+    return rates(profile, loaded, jitter, t).sm_mhz / profile.clock_busy_mhz["sm"]
 
 
 def rates(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> Rates:
@@ -241,11 +269,14 @@ def rates(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> Ra
     limit = plan.power_limit_watts or profile.power_limit_default_watts
     share = limit / profile.power_limit_default_watts
     idle_temp = profile.idle_temp_celsius + 2.0 * jitter.constant(CH_TEMP)
-    busy = plan.busy
+    probe = probing(plan, t)
+    busy = plan.busy or probe
     if busy:
         end = idle_temp + (profile.busy_temp_end_celsius - idle_temp) * share
         start = end - (profile.busy_temp_end_celsius - profile.busy_temp_start_celsius)
-        temp = end - (end - start) * math.exp(-t / 12.0)
+        temp = end - (end - start) * math.exp(-t / TEMP_TIME_CONSTANT_S)
+        if probe and not plan.busy and plan.probe_load is not None:  # from idle, since the probe started
+            temp = _loaded_temp(profile, idle_temp, share, t - plan.probe_load[0])
         mem_temp = temp + profile.busy_memory_temp_offset
         power = limit - 2.0
         sm = profile.clock_busy_mhz["sm"] * math.sqrt(share)
@@ -254,13 +285,17 @@ def rates(profile: VendorProfile, plan: GpuPlan, jitter: Jitter, t: float) -> Ra
         gen, width = profile.pcie_max_generation, profile.pcie_max_width
         if plan.work == "dataloader_starved":  # a kernel always in flight on few SMs: far below the power cap
             end = idle_temp + 0.3 * (end - idle_temp)
-            temp = end - (end - idle_temp) * math.exp(-t / 12.0)
+            temp = end - (end - idle_temp) * math.exp(-t / TEMP_TIME_CONSTANT_S)
             mem_temp = temp + profile.busy_memory_temp_offset
             power = profile.idle_power_watts + 0.25 * (limit - profile.idle_power_watts)
             sm = float(profile.clock_max_mhz["sm"] - 30)  # boost clock, its jitter kept under the maximum
             reasons = set()
     else:
         temp = idle_temp
+        since, until = plan.probe_load or (0.0, None)
+        if until is not None and t >= until:  # cooling down after the probe, with the same time constant
+            hot = _loaded_temp(profile, idle_temp, share, until - since)
+            temp = idle_temp + (hot - idle_temp) * math.exp(-(t - until) / TEMP_TIME_CONSTANT_S)
         mem_temp = temp + profile.idle_memory_temp_offset
         power = profile.idle_power_watts + 3.0 * jitter.constant(CH_POWER)
         sm = float(profile.clock_idle_mhz["sm"])

@@ -1,6 +1,9 @@
 """The simulated node's probe worker, a real child process: ``python -m gpuwatch.simulated.probe_worker --json ...``
 takes the production worker's arguments (gpuwatch/probe/worker.py), answers with its JSON contract and exit status,
-and reports a healthy H100 SXM at its power cap without an engine, slowed by ``--slowdown``.
+and reports an H100 SXM without an engine: at the SM clock its GPU's physics gives the probe's load
+(``--clock-share``, from the launcher, whose node runs the load while this process lives: ``--pid-file``), slowed by
+``--slowdown``. It warms up as the production worker does, until the runner says the power limit is reached (at most
+``--warmup-max``; the simulated GPU needs no minimum), and reports power_capped as that worker would.
 
 ``--fault`` makes it misbehave as a broken worker would (crash: SIGABRT; hang: never answers; garbage: a result
 the runner must reject), for the tests of the runner's supervision. gpuwatch/simulated/probe_launcher.py starts it.
@@ -16,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwatch.probe.worker import answer, build_parser, throughput_fields
+from gpuwatch.probe.worker import _CapSignal, answer, build_parser, throughput_fields
 
 # The simulated H100 SXM: bf16 8192³ at its 700 W cap (tests/fixtures/h100/probe-measurements.json).
 SIM_FLOPS = {"bf16": 690e12, "fp16": 666e12, "fp32": 50.4e12}
@@ -35,6 +38,10 @@ def simulated_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="noise seed")
     p.add_argument("--seconds", type=float, default=0.2, help="how long the GPU work takes")
     p.add_argument("--fault", choices=FAULTS, default="none", help="misbehave as a broken worker would")
+    p.add_argument(
+        "--clock-share", type=float, default=1.0, help="SM clock under the probe's load / a healthy GPU's (physics)"
+    )
+    p.add_argument("--pid-file", default="", help="write this process's PID here as it starts (the launcher's)")
     return p
 
 
@@ -43,8 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def simulate(args: argparse.Namespace) -> dict[str, Any]:
-    """A healthy H100 at its power cap (at once: --power-signal changes nothing), slowed by `--slowdown`, with the
-    noise and spread real probes show (PROBE_CV)."""
+    """An H100 at its power cap, at the clock share its physics gives and slowed by `--slowdown`, with the noise and
+    spread real probes show (PROBE_CV)."""
+    started = time.perf_counter()
+    if args.pid_file:
+        _write_pid(args.pid_file)
     if args.fault == "crash":
         os.abort()
     if args.fault == "hang":
@@ -55,8 +65,15 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     from gpuwatch import __version__
 
     rng = random.Random(args.seed)
+    signal = _CapSignal(args.power_signal)
+    warm_started = time.perf_counter()
+    while not signal.poll() and signal.watching and time.perf_counter() - warm_started < args.warmup_max:
+        time.sleep(0.01)
+    warmup_seconds = time.perf_counter() - warm_started
+    power_capped = signal.poll() if signal.watching else None
     time.sleep(max(0.0, args.seconds))
-    median = SIM_FLOPS[args.dtype] * (1.0 - args.slowdown) * (1.0 + rng.gauss(0.0, PROBE_CV))
+    throughput = SIM_FLOPS[args.dtype] * args.clock_share * (1.0 - args.slowdown)
+    median = throughput * (1.0 + rng.gauss(0.0, PROBE_CV))
     p10 = median * (1.0 - 0.14 - abs(rng.gauss(0.0, 0.015)))
     p90 = median * (1.0 + 0.015 + abs(rng.gauss(0.0, 0.01)))
     return {
@@ -66,16 +83,24 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "blas_version": "simulated",
         "device": "simulated",
         "iterations": 650,
-        "gpu_time_seconds": args.warmup_min + args.measure,
-        "warmup_seconds": args.warmup_min,
-        "power_capped": True,
-        "startup_seconds": 0.0,
-        "wall_seconds": args.seconds,
+        "gpu_time_seconds": warmup_seconds + args.seconds,
+        "warmup_seconds": warmup_seconds,
+        "power_capped": power_capped,
+        "startup_seconds": warm_started - started,
+        "wall_seconds": time.perf_counter() - started,
         "copy_kind": "simulated",
         "copy_bytes": args.copy_mib * 2**20,
         "h2d_bytes_per_second": SIM_H2D * (1.0 + rng.gauss(0.0, 0.003)),
         "d2h_bytes_per_second": SIM_D2H * (1.0 + rng.gauss(0.0, 0.003)),
     }
+
+
+def _write_pid(path: str) -> None:
+    """This process's PID where the launcher looks for it, whole or not at all (a rename within the directory)."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(partial, path)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwatch.core.model import THROTTLE_REASONS, Vendor
 from gpuwatch.core.scenario_catalogue import SCENARIOS
-from gpuwatch.simulated.activity import ActivityTotals, totals
+from gpuwatch.simulated.activity import ActivityTotals, probe_area, totals
 from gpuwatch.simulated.faults import FaultInjector
 from gpuwatch.simulated.physics import (
     PROFILES,
@@ -27,6 +27,7 @@ from gpuwatch.simulated.physics import (
     Rates,
     VendorProfile,
     counters,
+    probe_clock_share,
     rates,
     reading,
 )
@@ -212,6 +213,7 @@ class SimulatedNode:
         self._events.sort(key=lambda e: (e.elapsed, e.gpu))
         self._events = [replace(e, seq=n) for n, e in enumerate(self._events)]
         self._cache: dict[int, tuple[float, GpuState]] = {}
+        self._probe_running: dict[int, Callable[[], bool]] = {}  # GPU -> whether its probe's worker still runs
         self.faults = FaultInjector(seed, gpus, self._notify, self._emit, elapsed=self.elapsed)
         for index, plan in enumerate(self._plans):
             if plan.hang_after_s is not None:  # a driver call that never returns on this GPU (scenario nvml_hang)
@@ -273,6 +275,9 @@ class SimulatedNode:
         if not 0 <= index < self.gpu_count:
             raise IndexError(f"no GPU {index} on this node ({self.gpu_count} GPUs)")
         with self._lock:
+            running = self._probe_running.get(index)
+            if running is not None and not running():
+                self._end_probe_load(index)
             t = round(self.elapsed(), 6)
             cached = self._cache.get(index)
             if cached is not None and 0.0 <= t - cached[0] < SENSOR_PERIOD_S:
@@ -280,6 +285,30 @@ class SimulatedNode:
             state = self._compute(index, t)
             self._cache[index] = (t, state)
             return state
+
+    def start_probe_load(self, index: int, running: Callable[[], bool]) -> float:
+        """A probe's matmul starts on GPU `index` now and lasts while `running()` says so (the worker process lives):
+        the GPU's readings show the load meanwhile. Returns the SM clock it runs at as a share of a healthy GPU's
+        under the same load (physics.probe_clock_share), which its throughput follows."""
+        with self._lock:
+            t = round(self.elapsed(), 6)  # as state() reads it
+            self._integrate(index, t)
+            plan, jitter = self._plans[index], self._jitter[index]
+            share = probe_clock_share(self.profile, plan, jitter, t)
+            before = probe_area(plan, jitter, t)  # the activity counters keep what earlier probes added
+            self._plans[index] = replace(plan, probe_load=(t, None), probe_area_before=before)
+            self._probe_running[index] = running
+            self._cache.pop(index, None)
+            return share
+
+    def _end_probe_load(self, index: int) -> None:
+        t = round(self.elapsed(), 6)  # as state() reads it: the reading that noticed shows the GPU idle
+        self._integrate(index, t)
+        plan = self._plans[index]
+        if plan.probe_load is not None:
+            self._plans[index] = replace(plan, probe_load=(plan.probe_load[0], max(t, plan.probe_load[0])))
+        self._probe_running.pop(index, None)
+        self._cache.pop(index, None)
 
     def set_power_limit(self, index: int, watts: float | None) -> None:
         """Change a GPU's power limit from now on (as `nvidia-smi -pl` would); None restores the default."""
@@ -305,7 +334,7 @@ class SimulatedNode:
         limit = plan.power_limit_watts or spec.power_limit_default_watts
         processes: tuple[SimProcess, ...] = ()
         used = 0
-        if r.busy or plan.work == "idle_allocated":  # idle_allocated: a process holds memory, runs nothing
+        if plan.busy or plan.work == "idle_allocated":  # idle_allocated: a process holds memory, runs nothing
             used = self.profile.busy_memory_used_bytes + int(64 * 2**20 * (1.0 + jitter.constant(8)))
             processes = (SimProcess(pid=process_pid(self.seed, index), used_memory_bytes=used),)
         links = spec.nvlink_links

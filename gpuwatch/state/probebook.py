@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
@@ -134,6 +135,13 @@ class ProbeView:
     last_any: dict[str, ProbeOutcome] = field(default_factory=dict)
     baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # uuid -> (dtype, FLOP/s)
     previous_baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # before the current key
+    # uuid -> (start, end; None while it runs) of the GPU's last probe: a sample taken within shows the probe's own load
+    windows: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+    def under_probe(self, uuid: str, timestamp: float) -> bool:
+        """Whether a sample of this GPU taken at `timestamp` shows the probe's own load (its worker ran)."""
+        window = self.windows.get(uuid)
+        return window is not None and window[0] <= timestamp and (window[1] is None or timestamp <= window[1])
 
 
 class ProbeBook:
@@ -170,6 +178,20 @@ class ProbeBook:
                 else:
                     book[uuid] = value
             self._view = replace(self._view, baselines=baselines, previous_baselines=previous_baselines)
+
+    def probing(self, uuids: Iterable[str], since: float) -> None:
+        """A probe round starts its workers on these GPUs now."""
+        with self._lock:
+            self._view = replace(self._view, windows={**self._view.windows, **dict.fromkeys(uuids, (since, None))})
+
+    def probed(self, uuids: Iterable[str], until: float) -> None:
+        """The probe round on these GPUs has ended: none of its workers runs any more."""
+        with self._lock:
+            windows = dict(self._view.windows)
+            for uuid in uuids:
+                if uuid in windows:
+                    windows[uuid] = (windows[uuid][0], until)
+            self._view = replace(self._view, windows=windows)
 
     def view(self) -> ProbeView:
         with self._lock:
