@@ -440,3 +440,22 @@ def test_a_revoked_password_stops_working_at_the_next_request_and_a_bad_edit_kee
     assert f"{web}: basic_auth_users.prometheus: must be a bcrypt hash" in errors[0], errors
     assert "keeping its users and headers in use" in errors[0]
     assert "Traceback" not in text
+
+
+def test_users_added_to_a_file_without_them_turn_auth_on_and_removing_all_turns_it_off(
+    tmp_path: Path, serve: type[Served], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server re-reads the users whatever the file held at start: a file with only headers is watched too."""
+    web = write(tmp_path / "web.yml", "http_server_config:\n  headers: {X-Frame-Options: deny}\n")
+    server = serve(web)
+    status, headers = server.get()
+    assert status == 200 and headers["X-Frame-Options"] == "deny"
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    write(web, f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    status, headers = server.get()
+    assert status == 401 and "X-Frame-Options" not in headers  # the headers went with the edit
+    assert server.get(auth=("prometheus", PASSWORD))[0] == 200
+    with caplog.at_level("WARNING", logger="gpuwatch.web.webconfig"):
+        write(web, "basic_auth_users: {}\n")
+        assert server.get()[0] == 200
+    assert any("has no basic_auth_users, so basic auth is now off" in r.getMessage() for r in caplog.records)
