@@ -370,3 +370,92 @@ def test_the_agent_serves_tls_from_the_config_file(tmp_path: Path, pki: Pki) -> 
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_a_revoked_password_stops_working_at_the_next_request_and_a_bad_edit_keeps_the_users(tmp_path: Path) -> None:
+    """SIGHUP said "configuration reloaded" yet a revoked password kept working until a restart; exporter-toolkit
+    re-reads its file on every request, so its users expect an edit to take effect. The agent re-reads the users when
+    the file changed (no SIGHUP needed), forgets the cached credentials of a removed user or a changed password, and
+    keeps the users in use, with an error naming the key, when the edited file is broken. Cost-4 hashes: this tests
+    the re-read, not bcrypt's cost."""
+
+    def hashed(password: str) -> str:
+        return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+    def replace(text: str) -> None:  # as an editor or Ansible writes it: a new file renamed over the old one
+        (tmp_path / "web.yml.new").write_text(text)
+        (tmp_path / "web.yml.new").rename(web)
+
+    web = write(
+        tmp_path / "web.yml", f"basic_auth_users:\n  prometheus: '{hashed('old')}'\n  grafana: '{hashed('g')}'\n"
+    )
+    port = free_port()
+    cmd = [sys.executable, "-m", "gpuwatch", "run", "--backend", "simulated", "--web-config", str(web)]
+    cmd += ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state"), "--poll-interval", "0.2"]
+    log = (tmp_path / "agent.log").open("w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+    def status(user: str, password: str) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/healthz")
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, (tmp_path / "agent.log").read_text()
+            try:
+                if status("prometheus", "old") == 200:
+                    break
+            except urllib.error.URLError:
+                pass
+            assert time.monotonic() < deadline, "the agent never served"
+            time.sleep(0.2)
+        assert status("grafana", "g") == 200  # both cached now
+
+        replace(f"basic_auth_users:\n  prometheus: '{hashed('new')}'\n")  # grafana removed, prometheus' changed
+        assert status("prometheus", "old") == 401
+        assert status("grafana", "g") == 401
+        assert status("prometheus", "new") == 200
+
+        web.write_text("basic_auth_users:\n  prometheus: hunter2\n")  # a bad edit, in place
+        assert status("prometheus", "new") == 200  # the users in use are kept
+        assert status("prometheus", "hunter2") == 401
+        assert status("prometheus", "new") == 200  # and the broken file is not read again at every request
+
+        web.write_text(f"basic_auth_users:\n  prometheus: '{hashed('fixed')}'\n")
+        assert status("prometheus", "fixed") == 200
+        assert status("prometheus", "new") == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    text = (tmp_path / "agent.log").read_text()
+    assert f"web config {web} re-read: basic auth for 1 user(s); removed: grafana" in text, text
+    errors = [line for line in text.splitlines() if "web config not re-read" in line]
+    assert len(errors) == 1, text
+    assert f"{web}: basic_auth_users.prometheus: must be a bcrypt hash" in errors[0], errors
+    assert "keeping its users and headers in use" in errors[0]
+    assert "Traceback" not in text
+
+
+def test_users_added_to_a_file_without_them_turn_auth_on_and_removing_all_turns_it_off(
+    tmp_path: Path, serve: type[Served], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server re-reads the users whatever the file held at start: a file with only headers is watched too."""
+    web = write(tmp_path / "web.yml", "http_server_config:\n  headers: {X-Frame-Options: deny}\n")
+    server = serve(web)
+    status, headers = server.get()
+    assert status == 200 and headers["X-Frame-Options"] == "deny"
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    write(web, f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    status, headers = server.get()
+    assert status == 401 and "X-Frame-Options" not in headers  # the headers went with the edit
+    assert server.get(auth=("prometheus", PASSWORD))[0] == 200
+    with caplog.at_level("WARNING", logger="gpuwatch.web.webconfig"):
+        write(web, "basic_auth_users: {}\n")
+        assert server.get()[0] == 200
+    assert any("has no basic_auth_users, so basic auth is now off" in r.getMessage() for r in caplog.records)

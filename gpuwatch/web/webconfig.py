@@ -17,21 +17,27 @@ Every problem is a ConfigError naming the file and the key (exit 78). The TLS ha
 thread with a timeout, so a slow or broken client never blocks another scrape; a rotated certificate or key is loaded
 at the first handshake after its files change (gpuwatch.web.tlsreload). Passwords are checked with bcrypt
 (constant-time) one at a time, as exporter-toolkit does, so wrong passwords cost at most one core; only credentials
-that passed are cached (under an HMAC of them), so failed ones can never evict the real scraper's. Failed attempts
-are limited per client address (gpuwatch.web.authlimit: 429 once its budget is spent), and a hash whose cost would make
-every check take seconds to hours is refused when the file is loaded.
+that passed are cached (under an HMAC of them), so failed ones can never evict the real scraper's, and the real
+scraper's cached credentials never wait for a check. Each check takes one of its client address's budget before it
+runs, and at most a few checks may wait (gpuwatch.web.authlimit: 429 at once beyond either). A hash whose cost would
+make every check take seconds to hours is refused when the file is loaded. basic_auth_users and the headers are read
+again when the file changes (LiveWebConfig), so a revoked password stops working at the next request.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import hashlib
 import hmac
+import logging
+import os
 import secrets
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +49,10 @@ import yaml
 from gpuwatch.config.settings import ConfigError
 from gpuwatch.files.safefile import read_regular_file
 from gpuwatch.files.tomlfile import MAX_TOML_BYTES
-from gpuwatch.web.authlimit import FailureLimiter
+from gpuwatch.web.authlimit import MAX_PENDING_CHECKS, CheckQueue, FailureLimiter
 from gpuwatch.web.tlsreload import TlsReloader
+
+log = logging.getLogger(__name__)
 
 Environ = dict[str, Any]
 WsgiApp = Callable[..., Iterable[bytes]]
@@ -58,6 +66,7 @@ AUTH_CACHE_SIZE = 1024  # credentials that passed; a node has a handful of scrap
 MAX_BCRYPT_COST = 14
 MIN_BCRYPT_COST = 4
 REALM = "gpuwatch"
+BUSY_REPORT_SECONDS = 60.0
 
 CLIENT_AUTH_TYPES = {
     "NoClientCert": ssl.CERT_NONE,
@@ -149,8 +158,7 @@ def apply_web_config(path: str, app: WsgiApp) -> tuple[WsgiApp, SocketWrapper | 
     if not path:
         return app, None
     web = load_web_config(Path(path))
-    secured = _secure_app(app, web) if web.users or web.headers else app
-    return secured, (web.wrap_socket if web.tls is not None else None)
+    return _secure_app(app, LiveWebConfig(Path(path), web)), (web.wrap_socket if web.tls is not None else None)
 
 
 def load_web_config(path: Path) -> WebConfig:
@@ -331,60 +339,106 @@ def _peer_san_allowed(cert: dict[str, Any] | None, allowed: tuple[str, ...]) -> 
     return any(name in allowed for name in names)
 
 
+class Checked(enum.Enum):
+    """What a password check came to."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    BUSY = "busy"  # no check ran: MAX_PENDING_CHECKS were already running or waiting (gpuwatch.web.authlimit)
+
+
 class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes: constant-time, cached by an HMAC of the credentials."""
+    """Checks `Authorization: Basic` against bcrypt hashes: constant-time, cached by an HMAC of the credentials.
+
+    The users can be replaced while serving (the web config's file changed): a cached credential is kept only while
+    its user still has the hash it passed against, so a removed user or a changed password stops working at once."""
 
     def __init__(self, users: dict[str, bytes]) -> None:
-        self._users = users
+        self._users = users  # replaced whole, never changed in place
         self._key = secrets.token_bytes(32)
-        self._cache: dict[bytes, bool] = {}  # only credentials that passed, oldest first
+        self._cache: dict[bytes, tuple[str, bytes]] = {}  # credentials that passed -> (user, hash), oldest first
         self._lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()  # one bcrypt check at a time: wrong passwords cost one core at most
+        self._queue = CheckQueue()  # one bcrypt check at a time, a bounded number waiting
         # An unknown user still costs one bcrypt check, so timing does not tell which user names exist.
-        self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=_rounds(users)))
+        self._dummy = _dummy_hash(_rounds(users))
 
-    def check(self, header: str | None) -> bool:
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        if not sep:
-            return False
-        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+    @property
+    def users(self) -> dict[str, bytes]:
+        return self._users
+
+    def replace_users(self, users: dict[str, bytes]) -> None:
+        """New users and hashes; cached credentials of a user removed or given another hash are forgotten."""
+        dummy = self._dummy if _rounds(users) == _rounds(self._users) else _dummy_hash(_rounds(users))
         with self._lock:
-            cached = self._cache.get(digest)
-        if cached is not None:
-            return cached
-        hashed = self._dummy
-        known = False
-        for name, value in self._users.items():
+            self._users, self._dummy = users, dummy
+            for digest, (user, hashed) in list(self._cache.items()):
+                if users.get(user) != hashed:
+                    del self._cache[digest]
+
+    def check(self, header: str | None) -> Checked:
+        """PASSED or FAILED after at most one bcrypt check; BUSY at once when too many checks wait already."""
+        credentials = _credentials(header)
+        if credentials is None:
+            return Checked.FAILED
+        user, password = credentials
+        digest = self._digest(user, password)
+        with self._lock:
+            users, dummy = self._users, self._dummy
+            if digest in self._cache:
+                return Checked.PASSED
+        hashed, known = dummy, False
+        for name, value in users.items():
             if hmac.compare_digest(name.encode(), user.encode()):
                 hashed, known = value, True
-        try:
-            with self._bcrypt_lock:
-                ok = bcrypt.checkpw(password.encode(), hashed) and known
-        except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes: a wrong password, never a 500
-            ok = False
-        if ok:
-            with self._lock:
-                if len(self._cache) >= AUTH_CACHE_SIZE:
-                    del self._cache[next(iter(self._cache))]
-                self._cache[digest] = True
-        return ok
+        ok = self._queue.run(lambda: _checkpw(password, hashed))
+        if ok is None:
+            return Checked.BUSY
+        if not (ok and known):
+            return Checked.FAILED
+        with self._lock:
+            if self._users.get(user) != hashed:  # replaced while this check ran: not these credentials' any more
+                return Checked.FAILED
+            if len(self._cache) >= AUTH_CACHE_SIZE:
+                del self._cache[next(iter(self._cache))]
+            self._cache[digest] = (user, hashed)
+        return Checked.PASSED
 
     def cached(self, header: str | None) -> bool:
         """True when these credentials passed before (no bcrypt, no rate limit): the real scraper's fast path."""
-        if not header or not header.startswith("Basic "):
+        credentials = _credentials(header)
+        if credentials is None:
             return False
-        try:
-            user, _, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        digest = self._digest(*credentials)
         with self._lock:
             return digest in self._cache
+
+    def pending_checks(self) -> int:
+        return self._queue.pending()
+
+    def _digest(self, user: str, password: str) -> bytes:
+        return hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+
+
+def _credentials(header: str | None) -> tuple[str, str] | None:
+    """(user, password) from `Basic base64(user:password)`; None when there is no such header."""
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
+def _checkpw(password: str, hashed: bytes) -> bool:
+    try:
+        return bool(bcrypt.checkpw(password.encode(), hashed))
+    except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes: a wrong password, never a 500
+        return False
+
+
+def _dummy_hash(rounds: int) -> bytes:
+    return bytes(bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=rounds)))
 
 
 def _rounds(users: dict[str, bytes]) -> int:
@@ -397,44 +451,148 @@ def _rounds(users: dict[str, bytes]) -> int:
     return 10
 
 
-def _secure_app(app: WsgiApp, web: WebConfig) -> WsgiApp:
-    auth = BasicAuth(web.users) if web.users else None
+class LiveWebConfig:
+    """The web config's users and headers as its file says now, re-read when the file changed.
+
+    exporter-toolkit reads its file on every request, so its users expect an edit (a revoked password) to take effect
+    without a restart or a SIGHUP. A request here costs one stat() of the file instead (device, inode, size,
+    modification and change times: an edit in place, a rename over it or a Kubernetes secret's symlink swap all change
+    them), and the file is read only when they changed. A file that no longer loads keeps the users and headers in
+    use, with one error naming the key, until it changes again. tls_server_config is read at start only (its
+    certificate and key files are reloaded when they change: gpuwatch.web.tlsreload)."""
+
+    def __init__(self, path: Path, web: WebConfig) -> None:
+        self._path = path
+        self._seen = _file_signature(path)
+        self._reload_lock = threading.Lock()
+        self.auth = BasicAuth(web.users)
+        self.headers = web.headers
+
+    def refresh(self) -> None:
+        """Read the file again if it changed since it was last read (or found broken)."""
+        if _file_signature(self._path) == self._seen:
+            return
+        with self._reload_lock:  # one reader; the others wait, so none checks a password against revoked users
+            seen = _file_signature(self._path)
+            if seen == self._seen:
+                return
+            self._seen = seen
+            try:
+                web = load_web_config(self._path)
+            except ConfigError as exc:
+                log.error(
+                    "web config not re-read, keeping its users and headers in use: %s (the file is read again when "
+                    "it changes)",
+                    exc,
+                )
+                return
+            removed = sorted(set(self.auth.users) - set(web.users))
+            self.auth.replace_users(web.users)
+            self.headers = web.headers
+        if web.users:
+            log.info(
+                "web config %s re-read: basic auth for %d user(s)%s",
+                self._path,
+                len(web.users),
+                f"; removed: {', '.join(removed)}" if removed else "",
+            )
+        else:
+            log.warning("web config %s re-read: it has no basic_auth_users, so basic auth is now off", self._path)
+
+
+def _file_signature(path: Path) -> tuple[int, ...] | None:
+    """What changes when the file is edited, replaced or swapped by a symlink (followed); None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _BusyReport:
+    """Says at most once a minute that password checks were turned away, with how many (a guessing flood)."""
+
+    def __init__(self) -> None:
+        self._last = float("-inf")
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def turned_away(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._count += 1
+            if now - self._last < BUSY_REPORT_SECONDS:
+                return
+            count, self._last, self._count = self._count, now, 0
+        log.warning(
+            "%d request(s) with new credentials answered 429: %d password checks were already waiting (a password "
+            "guessing flood?); credentials that passed before are still served",
+            count,
+            MAX_PENDING_CHECKS,
+        )
+
+
+def _secure_app(app: WsgiApp, live: LiveWebConfig) -> WsgiApp:
+    """Auth and headers before the app. Credentials that passed before cost no check; a request without credentials
+    costs none either (a browser's first try); any other takes one check of its address's budget before bcrypt,
+    given back when the credentials pass or no check ran."""
     limiter = FailureLimiter()
+    busy = _BusyReport()
 
     def secured(environ: Environ, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        live.refresh()
+        auth, extra = live.auth, live.headers
+
         def with_headers(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             return (
-                start_response(status, [*headers, *web.headers], exc_info)
+                start_response(status, [*headers, *extra], exc_info)
                 if exc_info
-                else start_response(status, [*headers, *web.headers])
+                else start_response(status, [*headers, *extra])
             )
 
         header = environ.get("HTTP_AUTHORIZATION")
+        if not auth.users or auth.cached(header):
+            return app(environ, with_headers)
+        if not header:
+            return _unauthorized(with_headers)
         client = str(environ.get("REMOTE_ADDR", ""))
-        if auth is not None and not auth.cached(header) and not limiter.allowed(client):
-            body = b"too many failed logins from this address; retry later\n"
-            with_headers(
-                "429 Too Many Requests",
-                [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("Content-Length", str(len(body))),
-                    ("Retry-After", str(limiter.retry_after_seconds())),
-                ],
-            )
-            return [body]
-        if auth is not None and not auth.check(header):
-            if header:  # a request without credentials (a browser's first try) is no failed attempt
-                limiter.failed(client)
-            body = b"unauthorized\n"
-            with_headers(
-                "401 Unauthorized",
-                [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("Content-Length", str(len(body))),
-                    ("WWW-Authenticate", f'Basic realm="{REALM}"'),
-                ],
-            )
-            return [body]
+        if not limiter.take(client):
+            body = "too many failed logins from this address; retry later\n"
+            return _too_many(with_headers, body, limiter.retry_after_seconds())
+        checked = auth.check(header)
+        if checked is not Checked.FAILED:
+            limiter.refund(client)
+        if checked is Checked.BUSY:
+            busy.turned_away()
+            return _too_many(with_headers, "too many password checks waiting; retry shortly\n", 1)
+        if checked is Checked.FAILED:
+            return _unauthorized(with_headers)
         return app(environ, with_headers)
 
     return secured
+
+
+def _unauthorized(start_response: Callable[..., Any]) -> list[bytes]:
+    body = b"unauthorized\n"
+    start_response(
+        "401 Unauthorized",
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            ("WWW-Authenticate", f'Basic realm="{REALM}"'),
+        ],
+    )
+    return [body]
+
+
+def _too_many(start_response: Callable[..., Any], text: str, retry_after: int) -> list[bytes]:
+    body = text.encode()
+    start_response(
+        "429 Too Many Requests",
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            ("Retry-After", str(retry_after)),
+        ],
+    )
+    return [body]
