@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from cdp import Browser, save
-from ports import free_port
+from ports import free_port_range
 
 
 def _chromium() -> str:
@@ -35,8 +35,7 @@ def _chromium() -> str:
     return path
 
 
-def _agent(tmp: Path, scenario: str, probe_interval: float = 5) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+def _agent(tmp: Path, scenario: str, port: int, probe_interval: float = 5) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "gpuwatch", "run", "--backend", "simulated", "--scenario", scenario),
@@ -114,7 +113,11 @@ PROBED = ("mixed", "underperforming")  # the others run without the probe: 16 ag
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], str]]]:
     """Every scenario's agent at once (one each), so the module waits for the slowest fault, not for their sum."""
     tmp = tmp_path_factory.mktemp("nodes")
-    running = {s: _agent(tmp, s, 5 if s in PROBED else 0) for s in (*EXPECTED, *HEALTHY)}
+    # Ports reserved together below the ephemeral range: a port picked one at a time could be handed to the next
+    # agent too, or taken by a client socket before its agent binds it (an agent then exited 69 under load).
+    scenarios = (*EXPECTED, *HEALTHY)
+    first = free_port_range(len(scenarios))
+    running = {s: _agent(tmp, s, first + i, 5 if s in PROBED else 0) for i, s in enumerate(scenarios)}
     try:
         yield running
     finally:
