@@ -293,6 +293,8 @@ NODES = {  # a node of each kind: its GPU processes' cgroup files (tests/fixture
     ),
     "docker": ("docker-v2-systemd.cgroup", "docker-v1-cgroupfs.cgroup", "docker-rootless-v2.cgroup"),
     "systemd": ("systemd-service-v2.cgroup", "hybrid-systemd-service.cgroup", "login-session-v2.cgroup"),
+    # a login node where users hold delegated subtrees (user@UID.service) and name them like a job or a pod (#31)
+    "tenant": ("tenant-forged-slurm-v2.cgroup", "tenant-forged-pod-v2.cgroup", "systemd-user-service-v2.cgroup"),
 }
 
 
@@ -452,5 +454,43 @@ def test_the_agents_own_probe_worker_is_no_ones_workload(tmp_path: Path) -> None
         info = {dict(lab)["gpu"]: dict(lab)["kind"] for n, lab in sim.samples() if n == "gpuwatch_gpu_workload_info"}
         assert info == {"1": "slurm_job"}
         assert sim.value("gpuwatch_gpu_processes", 0) == 1  # still counted as a process on the GPU
+    finally:
+        sim.close()
+
+
+def test_a_tenant_posing_as_a_slurm_job_or_pod_adds_nothing_to_it(tmp_path: Path) -> None:
+    """#31 (3), through the agent: the simulated node's NVML lists a process on each GPU; on GPU 1 it is Slurm job
+    4242's, on GPUs 0 and 2 a user's, in directories of their own user@1000.service named
+    ``evil_slurmstepd.scope/job_4242/…`` and ``kubepods-pod<uid>.slice/x`` (tests/fixtures/cgroups/README.md).
+    Job 4242 holds GPU 1 alone, so its GPU-hours, energy and GpuAllocatedButIdle (summed by kind and id) are its
+    own; the user's processes are their scope and themselves."""
+    from test_workloads_cgroup import UID
+
+    sim = SimAgent(tmp_path / "state", scenario="busy", gpus=3)
+    tree = tmp_path / "proc"
+    forged_job, real_job, forged_pod = (process_pid(sim.node.seed, gpu) for gpu in range(3))
+    _proc(tree, forged_job, "tenant-forged-slurm-v2.cgroup", 1000, comm="python3")
+    _proc(tree, real_job, "slurm-v2.cgroup", 2001, comm="python3")
+    _proc(tree, forged_pod, "tenant-forged-pod-v2.cgroup", 1000, comm="train")
+    sim.agent._sources.procfs = Procfs(tree, host_pids=True)
+    try:
+        sim.run(2)
+        info = {
+            dict(lab)["gpu"]: (dict(lab)["kind"], dict(lab)["id"])
+            for n, lab in sim.samples()
+            if n == "gpuwatch_gpu_workload_info"
+        }
+        assert info == {
+            "0": ("systemd_unit", "user@1000.service/evil_slurmstepd.scope"),
+            "1": ("slurm_job", "4242"),
+            "2": ("process", "train"),
+        }
+        assert not any(id_ == UID for _kind, id_ in info.values())
+        held = [
+            value
+            for gpu in range(3)
+            if (value := sim.value("gpuwatch_gpu_workload_memory_bytes", gpu, kind="slurm_job", id="4242")) is not None
+        ]
+        assert held == [sim.value("gpuwatch_gpu_memory_used_bytes", 1)]
     finally:
         sim.close()

@@ -38,6 +38,11 @@ EXPECTED = {
     "systemd-run-scope-v2.cgroup": Workload("systemd_unit", "run-r0f1e2d3c4b5a69788796a5b4c3d2e1f0.scope"),
     "login-session-v2.cgroup": None,
     "hybrid-systemd-service.cgroup": Workload("systemd_unit", "train.service"),
+    # A tenant's own delegated subtree (user@UID.service), named to pose as Slurm job 4242 and as the simulated
+    # node's pod: the user's scope, and the process itself (#31, item 3). A user's unit is theirs, not the system's.
+    "tenant-forged-slurm-v2.cgroup": Workload("systemd_unit", "user@1000.service/evil_slurmstepd.scope"),
+    "tenant-forged-pod-v2.cgroup": None,
+    "systemd-user-service-v2.cgroup": Workload("systemd_unit", "user@1000.service/vllm-inference.service"),
 }
 
 
@@ -110,3 +115,127 @@ def test_a_cgroupfs_pod_seen_from_a_private_cgroup_namespace_is_still_a_pod() ->
     assert workload_of_path(f"/../../pod{uid}/" + "c" * 64) == Workload("k8s_pod", uid)
     # Not climbed out, not under kubepods: a directory that merely looks like a pod is no pod.
     assert workload_of_path(f"/machine.slice/pod{uid}") is None
+
+
+# Where the daemons make their cgroups (#31, item 3). Slurm, SchedMD/slurm commit 284c3b95f08a:
+# src/plugins/cgroup/v2/cgroup_v2.c lines 67-68 (DEFAULT_SYSTEM_CGSLICE "system.slice", SYSTEM_CGSCOPE "slurmstepd"),
+# 436-447 (_set_int_cg_ns: "%s/%s/%s.scope" or "%s/%s/%s_%s.scope" of init_cg_path, CgroupSlice, node name),
+# 1931-1937 ("/job_%u" or the SLUID), 1955 ("%s/step_%s"); cgroup/v1: src/interfaces/cgroup.c 196-198
+# (CgroupPrepend "/slurm", "/slurm_%n"), src/plugins/cgroup/v1/xcgroup.c 414 ("%s/uid_%u"), 424 ("%s/job_%u").
+# kubelet, kubernetes/kubernetes commit afd5df58bd7d: pkg/kubelet/cm/node_container_manager_linux.go
+# (defaultNodeAllocatableCgroupName "kubepods", under the cgroup root), qos_container_manager_linux.go (besteffort and
+# burstable under it, Guaranteed pods directly), cgroup_manager_linux.go (CgroupName.ToSystemd: every level a slice
+# named for all its parents joined with "-", ToCgroupfs: "/" + path.Join). A user's manager gets its subtree
+# delegated (systemd units/user@.service.in, Delegate=; systemd.io/CGROUP_DELEGATION: the delegatee may create
+# sub-cgroups as it likes), so a name below it proves nothing.
+USER = "/user.slice/user-1000.slice/user@1000.service"
+UID = "7c1e2b9a-3d4f-4e6a-8b2c-9f0d1e2a3b4c"
+SYSTEMD_UID = UID.replace("-", "_")
+CONTAINER = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        # the issue's two forgeries
+        (
+            f"{USER}/app.slice/evil_slurmstepd.scope/job_4242/step_0",
+            Workload("systemd_unit", "user@1000.service/evil_slurmstepd.scope"),
+        ),
+        (f"{USER}/kubepods-pod{SYSTEMD_UID}.slice/x", None),
+        # the daemon's exact names, below the user's manager
+        (
+            f"{USER}/app.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+            Workload("systemd_unit", "user@1000.service/slurmstepd.scope"),
+        ),
+        (
+            f"{USER}/app.slice/slurmstepd.scope/s0KCYH2W5T0G3R/step_0/user/task_0",
+            Workload("systemd_unit", "user@1000.service/slurmstepd.scope"),
+        ),
+        (
+            f"{USER}/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+            Workload("systemd_unit", "user@1000.service/slurmstepd.scope"),
+        ),
+        (f"{USER}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{SYSTEMD_UID}.slice/x", None),
+        (
+            f"{USER}/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice/cri-containerd-{CONTAINER}.scope",
+            Workload("container", f"containerd://{CONTAINER}"),
+        ),
+        (
+            f"{USER}/app.slice/run.service/kubepods/burstable/pod{UID}/{CONTAINER}",
+            Workload("systemd_unit", "user@1000.service/run.service"),
+        ),
+        (f"{USER}/slurm/uid_1000/job_4242/step_0", None),  # cgroup v1's name=systemd, delegated to the user
+        # a system service with Delegate=yes makes names below itself: still that service
+        (
+            "/system.slice/ci-runner.service/slurmstepd.scope/job_4242/step_0/user/task_0",
+            Workload("systemd_unit", "ci-runner.service"),
+        ),
+        (
+            "/system.slice/ci-runner.service/system.slice/slurmstepd.scope/job_4242/step_0",
+            Workload("systemd_unit", "ci-runner.service"),
+        ),
+        (
+            f"/system.slice/ci-runner.service/kubepods-pod{SYSTEMD_UID}.slice/x",
+            Workload("systemd_unit", "ci-runner.service"),
+        ),
+        ("/system.slice/ci-runner.service/slurm/uid_0/job_4242/step_0", Workload("systemd_unit", "ci-runner.service")),
+        ("/system.slice/ci-runner.service/vllm-inference.service", Workload("systemd_unit", "ci-runner.service")),
+        # the right names at the wrong depth or under the wrong parent
+        (
+            "/slurmstepd.scope/job_4242/step_0",  # slurmstepd's scope is in CgroupSlice, not in the root slice
+            Workload("systemd_unit", "slurmstepd.scope"),
+        ),
+        ("/system.slice/slurmstepd.scope/x/job_4242/step_0", Workload("systemd_unit", "slurmstepd.scope")),
+        ("/uid_1000/job_4242/step_0", None),  # cgroup v1: under CgroupPrepend
+        ("/other/uid_1000/job_4242/step_0", None),
+        (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{SYSTEMD_UID}.slice", None),
+        (f"/kubepods.slice/kubepods-burstable.slice/x.slice/kubepods-burstable-pod{SYSTEMD_UID}.slice", None),
+        (f"/kubepods-pod{SYSTEMD_UID}.slice", None),
+        (f"/kubepods/burstable/x/pod{UID}/{CONTAINER}", None),
+        (f"/system.slice/kubepods/pod{UID}", None),
+        # outside the namespace: the components after the climb still start where the daemon's hierarchy is
+        (
+            f"/../../..{USER}/app.slice/evil_slurmstepd.scope/job_4242/step_0",
+            Workload("systemd_unit", "user@1000.service/evil_slurmstepd.scope"),
+        ),
+        (f"/../../..{USER}/burstable/pod{UID}/{CONTAINER}", None),
+        (f"/../..{USER}/kubepods-burstable-pod{SYSTEMD_UID}.slice/x", None),
+        # ".." after a name is never the kernel's (it writes the climb first): no workload from it
+        (f"/system.slice/x.service/../../kubepods/pod{UID}/{CONTAINER}", None),
+    ],
+)
+def test_names_a_tenant_can_make_never_read_as_a_job_or_pod(path: str, expected: Workload | None) -> None:
+    """#31 (3): a directory named like slurmstepd's or kubelet's counts only where the daemon makes it; anywhere else
+    it is the unit or process it really is, so its GPU time and energy never add to someone's job or pod."""
+    assert workload_of_path(path) == expected
+    assert workload_of_cgroup(f"0::{path}\n") == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", Workload("slurm_job", "4242")),
+        ("/system.slice/slurmstepd.scope/job_4242/step_batch/slurm", Workload("slurm_job", "4242")),
+        ("/system.slice/node07_slurmstepd.scope/job_4242/step_extern/user/task_special", Workload("slurm_job", "4242")),
+        ("/slurm.slice/slurmstepd.scope/s0KCYH2W5T0G3R/step_0/user/task_0", Workload("slurm_job", "s0KCYH2W5T0G3R")),
+        ("/slurm/uid_1000/job_4243/step_0/task_0", Workload("slurm_job", "4243")),
+        ("/slurm_node07/uid_1000/job_4243/step_0", Workload("slurm_job", "4243")),
+        # climbed out of the agent's cgroup namespace, to the root or to the daemon's own levels
+        ("/../../../system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", Workload("slurm_job", "4242")),
+        ("/../slurmstepd.scope/job_4242/step_0/user/task_0", Workload("slurm_job", "4242")),
+        (f"/../../../kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice/crio-{CONTAINER}.scope", Workload("k8s_pod", UID)),
+        (f"/../../kubepods-besteffort.slice/kubepods-besteffort-pod{SYSTEMD_UID}.slice/x", Workload("k8s_pod", UID)),
+        (f"/../kubepods-burstable-pod{SYSTEMD_UID}.slice/cri-containerd-{CONTAINER}.scope", Workload("k8s_pod", UID)),
+        # slurmstepd's own processes, and the user's real units
+        ("/system.slice/slurmstepd.scope/system", Workload("systemd_unit", "slurmstepd.scope")),
+        (
+            f"{USER}/app.slice/run-r0f1e2d3c4b5a6978.scope",
+            Workload("systemd_unit", "user@1000.service/run-r0f1e2d3c4b5a6978.scope"),
+        ),
+        (f"{USER}/init.scope", None),
+    ],
+)
+def test_the_daemons_own_paths_still_name_their_workloads(path: str, expected: Workload | None) -> None:
+    """The anchoring keeps every place Slurm and kubelet really make their cgroups (sources above)."""
+    assert workload_of_path(path) == expected
