@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from ports import free_port
 from processes import stop, wait_until_ready
+from test_sdnotify import NotifySocket
 
 from gpuwatch.cli.commands import check
 from gpuwatch.collectors.configuration import load_config
@@ -94,10 +95,13 @@ def wait_for(what: str, condition: Callable[[], bool], seconds: float = 40.0) ->
         time.sleep(0.3)
 
 
-def start_agent(state: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_agent(state: Path, port: int, log: Path, notify: str | None = None) -> subprocess.Popen[bytes]:
     argv = [*GPUWATCH, "run", "--backend", "simulated", "--gpus", "2", "--listen", f"127.0.0.1:{port}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    if notify is not None:
+        env["NOTIFY_SOCKET"] = notify
     with open(log, "wb") as out:
-        return subprocess.Popen([*argv, "--state-dir", str(state)], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([*argv, "--state-dir", str(state)], stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def test_an_agent_on_a_full_filesystem_starts_in_memory_and_writes_its_state_once_there_is_room(
@@ -105,8 +109,11 @@ def test_an_agent_on_a_full_filesystem_starts_in_memory_and_writes_its_state_onc
 ) -> None:
     state, filler = full_state_dir
     port, log = free_port(), tmp_path / "agent.log"
-    agent = start_agent(state, port, log)
+    systemd = NotifySocket(str(tmp_path / "notify"), str(tmp_path / "notify"))
+    agent = start_agent(state, port, log, systemd.path)
     try:
+        # systemctl status says it too, beside the health
+        assert "state kept in memory only" in systemd.wait_for("READY", timeout=60)[-1]["STATUS"]
         wait_until_ready(f"http://127.0.0.1:{port}/metrics", agent, "the agent on a full filesystem")
         text = metrics(port)
         assert "gpuwatch_state_dir_writable 0.0" in text
@@ -121,6 +128,7 @@ def test_an_agent_on_a_full_filesystem_starts_in_memory_and_writes_its_state_onc
         assert (state / "agent.lock").read_text().strip() == str(agent.pid)  # found no room at start
     finally:
         stop(agent)
+        systemd.sock.close()
     said = log.read_text()
     assert said.count(IN_MEMORY) == 1, said
     assert said.count(BACK) == 1, said
