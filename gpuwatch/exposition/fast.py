@@ -94,7 +94,7 @@ def _escape(value: str) -> str:
 # the next render its prefixes. Two bounds: no metric's table past _PREFIX_LIMIT, and after each render
 # (SeriesLines.bound_prefixes) none past twice the series it has now plus _PREFIX_SLACK, so a family whose series
 # churn keeps about as many prefixes as it shows. Before that second bound, 20 new workloads a second filled the two
-# workload families' tables to 10,000 each over 8 minutes, some 20 MiB of RSS (benchmarks/workload_churn.py).
+# workload families' tables to 10,000 each over 8 minutes, 12 MiB of RSS (benchmarks/workload_churn.py).
 _PREFIXES: dict[str, dict[tuple[str, ...], str]] = {}
 _EACH_PREFIXES: dict[str, dict[tuple[str, ...], dict[Any, str]]] = {}
 _PREFIX_LIMIT = 10_000  # per metric
