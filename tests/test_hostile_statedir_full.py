@@ -221,7 +221,7 @@ def test_other_write_failures_still_refuse_to_start(tmp_path: Path, monkeypatch:
 
 
 def test_a_full_state_dir_held_by_another_agent_is_still_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o750)
@@ -234,6 +234,7 @@ def test_a_full_state_dir_held_by_another_agent_is_still_refused(
             claim_state_dir(config, AgentLock(state))
     finally:
         first.release()
+    assert IN_MEMORY not in caplog.text  # it does not start: no word of memory
 
 
 def test_a_no_space_error_is_no_space_and_a_read_only_one_is_not(

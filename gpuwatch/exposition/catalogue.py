@@ -42,8 +42,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_state_dir_writable",
         "gauge",
         (),
-        "1 while the agent's state files (known GPUs, probe baselines, supplies seen) can be written; 0 while its "
-        "state dir's filesystem or quota is full: state is then kept in memory only, lost at a restart.",
+        "1 while the agent's state files (known GPUs, probe baselines, supplies seen) can be written; 0 while they "
+        "cannot (its filesystem or quota full, or read-only): state is then kept in memory only, lost at a restart.",
     ),
     _m(
         "gpuwatch_vendor_call_stuck_since_timestamp_seconds",

@@ -207,7 +207,7 @@ class Agent:
         self._first_poll.set()
         self._known.remember(self.store.identities().values())
         self._watch_state_dir()
-        memory = "; state dir full: state kept in memory only" if self._state_writable is False else ""
+        memory = "; state dir takes no writes: state kept in memory only" if self._state_writable is False else ""
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}{memory}")
 
     def _watch_state_dir(self) -> None:

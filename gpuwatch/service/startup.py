@@ -73,25 +73,14 @@ def claim_state_dir(config: Config, lock: AgentLock) -> bool:
         require_safe_state_dir(config.state_dir)
     except StateDirUnsafe as exc:
         raise ConfigError(str(config.source), "agent.state_dir", str(exc)) from None
-    writable = True
+    full: StateDirError | None = None
     try:
         try:
             check_state_dir(config.state_dir)
         except StateDirError as exc:
             if not exc.no_space or not config.state_dir.is_dir():
                 raise
-            writable = False
-            log.error(
-                "state dir %s: %s. STARTING WITH STATE KEPT IN MEMORY ONLY: known GPUs, probe baselines and the power "
-                "supplies seen are not written, and what is learnt now is lost if the agent restarts before there is "
-                "room. Free space (or quota) on the filesystem of %s (df -h %s; df -i for inodes): the agent retries "
-                "every %g s and writes its state again by itself (gpuwatch_state_dir_writable goes back to 1)",
-                config.state_dir,
-                os.strerror(exc.errno or errno.ENOSPC),
-                config.state_dir,
-                config.state_dir,
-                STATE_DIR_RETRY_SECONDS,
-            )
+            full = exc
         lock.acquire()
     except StateDirBusy as exc:
         raise StartupError(str(exc)) from None
@@ -99,8 +88,20 @@ def claim_state_dir(config: Config, lock: AgentLock) -> bool:
         raise StartupError(
             f"state dir {config.state_dir} is not writable ({exc}); create it for the agent's user or pass --state-dir"
         ) from None
+    if full is not None:
+        log.error(
+            "state dir %s: %s. STARTING WITH STATE KEPT IN MEMORY ONLY: known GPUs, probe baselines and the power "
+            "supplies seen are not written, and what is learnt now is lost if the agent restarts before there is "
+            "room. Free space (or quota) on the filesystem of %s (df -h %s; df -i for inodes): the agent retries "
+            "every %g s and writes its state again by itself (gpuwatch_state_dir_writable goes back to 1)",
+            config.state_dir,
+            os.strerror(full.errno or errno.ENOSPC),
+            config.state_dir,
+            config.state_dir,
+            STATE_DIR_RETRY_SECONDS,
+        )
     clean_stale_temp_files(config.state_dir)
-    return writable
+    return full is None
 
 
 def live_part(old: Config, new: Config) -> Config:
