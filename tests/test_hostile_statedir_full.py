@@ -95,8 +95,8 @@ def wait_for(what: str, condition: Callable[[], bool], seconds: float = 40.0) ->
         time.sleep(0.3)
 
 
-def start_agent(state: Path, port: int, log: Path, notify: str | None = None) -> subprocess.Popen[bytes]:
-    argv = [*GPUWATCH, "run", "--backend", "simulated", "--gpus", "2", "--listen", f"127.0.0.1:{port}"]
+def start_agent(state: Path, port: int, log: Path, notify: str | None = None, *extra: str) -> subprocess.Popen[bytes]:
+    argv = [*GPUWATCH, "run", "--backend", "simulated", "--gpus", "2", "--listen", f"127.0.0.1:{port}", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
     if notify is not None:
         env["NOTIFY_SOCKET"] = notify
@@ -144,7 +144,7 @@ def test_with_no_inode_left_the_directory_lock_still_keeps_a_second_agent_out(tm
         state.mkdir(mode=0o750)
         fill_inodes(mount)
         port, log = free_port(), tmp_path / "first.log"
-        first = start_agent(state, port, log)
+        first = start_agent(state, port, log, None, "--probe-interval", "1")
         try:
             wait_until_ready(f"http://127.0.0.1:{port}/metrics", first, "the agent with no inode left")
             assert "gpuwatch_state_dir_writable 0.0" in metrics(port)
@@ -168,9 +168,15 @@ def test_with_no_inode_left_the_directory_lock_still_keeps_a_second_agent_out(tm
             )
             assert second.returncode == 69, second.stderr
             assert "already uses the state dir" in second.stderr and "--state-dir" in second.stderr
+            # No room for the probe's per-GPU locks either: its rounds skip the GPUs, said once, never a traceback.
+            wait_for("a probe round", lambda: "probe rounds skip their GPUs" in log.read_text())
+            time.sleep(3)  # more rounds
+            assert 'gpuwatch_probe_runs_total{gpu="0"' in metrics(port) and first.poll() is None
         finally:
             stop(first)
-        assert log.read_text().count(IN_MEMORY) == 1
+        said = log.read_text()
+        assert said.count(IN_MEMORY) == 1 and said.count("probe rounds skip their GPUs") == 1, said
+        assert "Traceback" not in said and said.count("reading baselines without the lock") <= 1, said
 
 
 def test_check_warns_about_a_full_state_dir_with_the_remedy(
