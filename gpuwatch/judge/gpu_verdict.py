@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args
 from gpuwatch.core.model import UnusableGpu
 from gpuwatch.core.thresholds import xid_meaning
 from gpuwatch.core.xid_catalogue import CATALOGUE_DATE, immediate_action
-from gpuwatch.judge.findings import gpu_health, health_flags, node_findings, views
+from gpuwatch.judge.findings import GpuView, gpu_health, health_flags, node_findings, views
 from gpuwatch.judge.verdict import Finding, Level, ago, recent_xids
 from gpuwatch.state.store import StoreSnapshot
 
@@ -33,6 +33,8 @@ __all__ = [
     "Step",
     "gpu_verdicts",
     "health_document",
+    "verdict_of",
+    "view_verdict",
 ]
 
 State = Literal["healthy", "degraded", "unhealthy"]
@@ -156,6 +158,14 @@ def finding_step(finding: Finding, recovery_action: int | None = None) -> Step |
     return Step(state, action, f"{finding.alert}: {finding.text} -> {action}{inspect}")
 
 
+def verdict_of(
+    findings: Iterable[Finding], recovery_action: int | None = None
+) -> tuple[State, Action, tuple[str, ...]]:
+    """The state, action and evidence of one GPU's findings alone (`gpuwatch snapshot`: one reading, no XID window
+    and no probe history)."""
+    return decide(s for f in findings if (s := finding_step(f, recovery_action)) is not None)
+
+
 def xid_step(code: int, total: int, age: float, cls: str) -> Step:
     """An XID within the rules' window: its state from its alert class, its action from NVIDIA's catalogue."""
     bucket = immediate_action(code) if code >= 0 else None
@@ -183,17 +193,20 @@ def unusable_step(gpu: UnusableGpu) -> Step:
     return Step("unhealthy", "reboot_node", f"GpuCountBelowExpected: unusable ({gpu.reason}) -> reboot_node")
 
 
+def view_verdict(view: GpuView) -> GpuVerdict:
+    """One GPU's verdict: its findings (XIDs judged apart, by their codes) and its XIDs within the rules' window."""
+    snap, uuid = view.snap, view.identity.uuid
+    recovery = view.sample.recovery_action if view.sample is not None else None
+    flags = [f for f in health_flags(view) if f.alert not in ("GpuXidCritical", "GpuXidWarning")]
+    steps = [s for f in flags if (s := finding_step(f, recovery)) is not None]
+    xids = ((code, c.total, c.last_timestamp) for (u, code), c in snap.xids.items() if u == uuid)
+    steps += [xid_step(code, total, snap.now - last, cls) for code, total, last, cls in recent_xids(xids, snap.now)]
+    return GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps))
+
+
 def gpu_verdicts(snap: StoreSnapshot) -> list[GpuVerdict]:
     """Every GPU's verdict, by index: the GPUs the store knows, then the ones a library counts but cannot open."""
-    out = []
-    for view in views(snap):
-        uuid = view.identity.uuid
-        recovery = view.sample.recovery_action if view.sample is not None else None
-        flags = [f for f in health_flags(view) if f.alert not in ("GpuXidCritical", "GpuXidWarning")]
-        steps = [s for f in flags if (s := finding_step(f, recovery)) is not None]
-        xids = ((code, c.total, c.last_timestamp) for (u, code), c in snap.xids.items() if u == uuid)
-        steps += [xid_step(code, total, snap.now - last, cls) for code, total, last, cls in recent_xids(xids, snap.now)]
-        out.append(GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps)))
+    out = [view_verdict(view) for view in views(snap)]
     for gpu in snap.unusable:
         out.append(GpuVerdict(gpu.index, "", "", *decide([unusable_step(gpu)])))
     return sorted(out, key=lambda v: (v.index, v.uuid))
