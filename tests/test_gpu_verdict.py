@@ -19,6 +19,7 @@ import bcrypt
 import pytest
 from ports import free_port, free_port_range
 from prometheus_client.parser import text_string_to_metric_families
+from test_webconfig import Pki, pki  # noqa: F401 (the module's test CA and server certificate)
 
 from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.thresholds import xid_class
@@ -323,3 +324,70 @@ def test_an_info_finding_asks_for_nothing() -> None:
     assert [f.level for f in findings] == ["info"]  # "throttling: board limit": no alert on its own
     assert [finding_step(f) for f in findings] == [None]
     assert verdict_of(findings) == ("healthy", "none", ())
+
+
+# --- where the operator looks, and TLS ----------------------------------------------------------------------------
+
+
+def test_the_status_page_shows_the_verdict_of_the_faulty_gpu_only(agents: dict[str, str]) -> None:
+    _settled("xid", agents["xid"])
+    page = _get(agents["xid"] + "/")[2].decode()
+    rows = {i: page.split(f'id="gpu-{i}"', 1)[1].split("</tr>", 1)[0] for i in range(GPUS)}
+    assert "verdict: <b>unhealthy</b>, action <b>reboot_node</b>" in rows[2], rows[2]
+    assert all("verdict:" not in rows[i] for i in range(GPUS) if i != 2)
+
+
+def test_snapshot_shows_each_gpus_verdict(tmp_path: Path) -> None:
+    args = (sys.executable, "-m", "gpuwatch", "snapshot", "--backend", "simulated", "--scenario", "row_remap_failure")
+    as_json = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
+    verdicts = {g["identity"]["index"]: g["verdict"] for g in json.loads(as_json)["gpus"]}
+    assert (verdicts[2]["state"], verdicts[2]["action"]) == ("unhealthy", "replace_gpu")
+    assert any("GpuRowRemapFailure" in line for line in verdicts[2]["evidence"])
+    assert all(
+        (v["state"], v["action"], v["evidence"]) == ("healthy", "none", []) for i, v in verdicts.items() if i != 2
+    )
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert text.count("verdict: ") == 1 and "verdict: unhealthy, action replace_gpu" in text, text
+
+
+@pytest.fixture(scope="module")
+def tls_agent(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # noqa: F811
+    tmp = tmp_path_factory.mktemp("tls")
+    (tmp / "web.yml").write_text(f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    port = free_port()
+    proc = _start(tmp, "tls", "healthy", port, "--web-config", str(tmp / "web.yml"))
+    try:
+        yield f"https://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+
+
+def test_an_https_agent_is_verified_against_the_systems_cas(tls_agent: str, pki: Pki) -> None:  # noqa: F811
+    """The agent's CA trusted (OpenSSL's SSL_CERT_FILE, as an operator's CA bundle would be): exit 0; not trusted:
+    69, naming TLS."""
+    import os
+
+    trusted = {**os.environ, "SSL_CERT_FILE": str(pki.ca)}
+    deadline = time.monotonic() + 30
+    while (
+        done := subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "health", "--url", tls_agent],
+            env=trusted,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    ).returncode != 0:
+        assert time.monotonic() < deadline, done.stdout + done.stderr
+        time.sleep(0.5)
+    assert ": healthy" in done.stdout
+    untrusted = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    refused = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "health", "--url", tls_agent],
+        env=untrusted,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 69 and "TLS failed" in refused.stderr, refused.stderr

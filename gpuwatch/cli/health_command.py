@@ -62,10 +62,14 @@ def fetch(url: str) -> dict[str, Any]:
                 "none: ask it on an address without auth"
             ) from None
         status, body = exc.code, exc.read()
-    except ssl.SSLError as exc:  # before URLError: the certificate is the agent's problem, not the network's
-        raise CannotTell(f"{url}: TLS failed ({exc}); is the agent's certificate trusted by this machine?") from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLError):  # the certificate is the agent's problem, not the network's
+            raise CannotTell(
+                f"{url}: TLS failed ({exc.reason}); is the agent's certificate (or its CA) trusted on this machine?"
+            ) from None
         raise CannotTell(f"cannot reach the agent at {url}: {exc.reason}; is gpuwatch running there?") from None
+    except ssl.SSLError as exc:  # raised after the handshake (a reset mid-read)
+        raise CannotTell(f"{url}: TLS failed ({exc})") from None
     except (OSError, ValueError) as exc:
         raise CannotTell(f"cannot reach the agent at {url}: {exc}") from None
     return _document(url, status, body)
