@@ -5,7 +5,8 @@ request.
 stuck (its first poll not finished, a poll loop hung in a vendor call), never for the hardware's faults, which a
 restart does not mend. /health/gpus is the node's GPU health for a load balancer or a scheduler's node check: 503
 with one line per problem while a GPU is lost or missing, a vendor library is down, or any condition an alert rule
-pages on shows (docs/configuration.md, "Health endpoints"). /runbooks is docs/runbooks.md, rendered on the first
+pages on shows (docs/configuration.md, "Health endpoints"); asked for JSON (Accept or ?format=json), the same status
+with each GPU's verdict (docs/verdicts.md). /runbooks is docs/runbooks.md, rendered on the first
 request (gpuwatch.web.runbooks_page), where every alert's runbook link points by default.
 
 A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
