@@ -6,7 +6,7 @@ Run by hand, never by the test suite (tests/test_hostile_*.py check the behaviou
 process under the systemd unit's descriptor limit (RLIMIT_NOFILE 1024, as LimitNOFILE=1024), on a simulated 8-GPU
 node with basic auth (bcrypt cost 12) and a fake kernel log file it reads XIDs from, then runs each phase in turn:
 
-    baseline   no attack
+    baseline   no attack, for --baseline-seconds (a minute)
     headers    300 connections, each sending 98 headers of 65 KB, a header every 50 ms (reconnecting when cut off)
     trickle    1,100 connections sending one byte a second (reconnecting when closed)
     passwords  32 clients sending wrong passwords as fast as they are answered
@@ -454,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
             if unknown:
                 print(f"attack: unknown phase(s) {unknown}; known: {', '.join(attacks)}", file=sys.stderr)
                 return 2
-            phases = [phase("baseline", port, agent, min(d, 10.0), None)]
+            phases = [phase("baseline (no attack)", port, agent, args.baseline_seconds, None)]
             for name in chosen:
                 label, start = attacks[name]
                 phases.append(phase(label, port, agent, d, start))
@@ -508,13 +508,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(
-            "| phase | scrapes | failures | p50 ms | p99 ms | max ms | agent RSS MiB (peak) | threads (peak) "
+            "| phase | scrapes | answered 200 | p50 ms | p99 ms | max ms | agent RSS MiB (peak) | threads (peak) "
             "| /metrics bytes |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
         for p in phases:
             print(
-                f"| {p['phase']} | {p['scrapes']} | {p['failures']} | {p['p50_ms']} | {p['p99_ms']} | {p['max_ms']} "
+                f"| {p['phase']} | {p['scrapes']} | {_answered(p)} | {p['p50_ms']} | {p['p99_ms']} | {p['max_ms']} "
                 f"| {p['rss_mib']} | {p['threads']} | {p['metrics_bytes']} |"
             )
         for p in phases:
@@ -533,9 +533,18 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _answered(phase: dict[str, Any]) -> str:
+    """The scraper's success rate: scrapes answered 200, as a share of those it made."""
+    scrapes = phase["scrapes"]
+    return f"{100 * (scrapes - phase['failures']) / scrapes:.0f} %" if scrapes else "–"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per attack phase (default 20)")
+    parser.add_argument(
+        "--baseline-seconds", type=float, default=60.0, help="seconds of the unattacked baseline (default 60)"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--phases", default="", help="comma-separated attacks to run after the baseline (default: all; e.g. flood)"

@@ -1,12 +1,12 @@
-"""The one registry of collectors (node_exporter's registerCollector): a collector is one file in the collectors
-layer plus one line here.
+"""The one registry of collectors (node_exporter's registerCollector): a collector is one module in
+gpuwatch/collectors/, named as it is registered, plus one line here.
 
 A registration names the collector — the `collector` label of `gpuwatch_collector_*`, the `--disable-collector`
-choice, the names the config's `agent.disable_collectors` accepts and the list in docs/metrics.md — and the module
-that builds it. That module defines ``collectors(context, name) -> list[Collector]`` and its `gpuwatch check` lines,
-``check(config, sources, name) -> list[CheckLine]`` (the protocol, the schedules, the check lines and the one place
-every run is timed into the meta-metrics are in `gpuwatch/collectors/base.py`). The module is named, not
-imported, here: this table sits below the configuration, and the service imports a collector only when it builds it.
+choice, the names the config's `agent.disable_collectors` accepts and the list in docs/metrics.md — and its module.
+The module defines ``collectors(context, name) -> list[Collector]`` and ``check(config, sources, name) ->
+list[CheckLine]`` (gpuwatch/collectors/base.py), and declares what else it adds: SETTINGS (its section), FAMILIES,
+``export_gpu`` or ``export_node`` (docs/development.md, "Adding a collector"). The module is named, not imported,
+here: this table sits at the bottom, and the layers above import a module when they read its declarations.
 """
 
 from __future__ import annotations

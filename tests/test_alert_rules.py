@@ -90,6 +90,7 @@ STATE_ALERTS = {
     "GpuFabricNotRegistered",
     "GpuLost",
     "GpuwatchDown",
+    "GpuwatchStateDirNotWritable",
     "GpuBackendDown",
     "HostPsuRedundancyLost",
 }

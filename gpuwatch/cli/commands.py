@@ -21,7 +21,7 @@ from gpuwatch.config.settings import Config, ConfigError, parse_listen
 from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.core.model import GpuReading, HostSample
 from gpuwatch.core.thresholds import runbook_reference
-from gpuwatch.files.statedir import state_dir_problem, writable_problem
+from gpuwatch.files.statedir import space_problem, state_dir_problem, writable_problem
 from gpuwatch.judge.gpu_verdict import verdict_of
 from gpuwatch.judge.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 from gpuwatch.service.nodes import build_sources
@@ -389,6 +389,15 @@ def check(config: Config) -> int:
     report.result(
         *_check_state_dir(config), "create it, writable for the agent's user, or choose another with --state-dir PATH"
     )
+    full = space_problem(config.state_dir)
+    if full is not None:
+        report.line(
+            "warn",
+            f"state dir {config.state_dir} space",
+            full,
+            f"free space on its filesystem (df -h {config.state_dir}; df -i for inodes); the agent then writes its "
+            "state again by itself",
+        )
     report.result(*_check_port(config), "stop what listens there (ss -ltnp) or choose another --listen HOST:PORT")
     web_config_ok = _check_web_config(config, report)
     for _collector, line in check_lines(config, sources):

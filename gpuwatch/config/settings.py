@@ -2,6 +2,10 @@
 
 Every problem is a ConfigError that names the file, the key and what is wrong (exit 78): unknown sections and keys
 are errors, because a misspelt key silently ignored is a setting the operator believes in and does not have.
+
+The sections here are the agent's and those the layers below the collectors share. A registered collector's own
+section is declared in its module (SETTINGS) and loaded with these by gpuwatch/collectors/configuration.py; code
+reads it with `config.section(TheSection)`.
 """
 
 from __future__ import annotations

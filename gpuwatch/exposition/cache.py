@@ -174,6 +174,7 @@ class CachedExposition:
                 if self._lines is None:
                     self._lines = SeriesLines()
                     export(snap, self._lines)
+                    self._lines.bound_prefixes()  # label values that came and went (workloads) are let go
                 body = self._lines.body(fmt)
             if compress:
                 body = gzip.compress(body)

@@ -53,6 +53,13 @@ _SPECS: tuple[MetricSpec, ...] = (
         "GPUs the vendor libraries see now (while a poll hangs in a call, the ones they last answered for).",
     ),
     _m(
+        "gpuwatch_state_dir_writable",
+        "gauge",
+        (),
+        "1 while the agent's state files (known GPUs, probe baselines, supplies seen) can be written; 0 while they "
+        "cannot (its filesystem or quota full, or read-only): state is then kept in memory only, lost at a restart.",
+    ),
+    _m(
         "gpuwatch_vendor_call_stuck_since_timestamp_seconds",
         "gauge",
         ("backend", "call", "gpu", "uuid"),

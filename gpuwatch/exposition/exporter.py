@@ -151,6 +151,7 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
         if snap.fresh(uuid) is not None or (hung and uuid in snap.samples and uuid not in snap.gpu_errors)
     }
     out.add("gpuwatch_gpus_detected", (), len(detected) + len(snap.unusable))  # present, if unusable
+    out.add("gpuwatch_state_dir_writable", (), snap.state_dir_writable)  # None (not an agent's store): no series
     for call in snap.stuck_calls:
         labels = (call.backend, call.call, call.gpu, call.uuid)
         out.add("gpuwatch_vendor_call_stuck_since_timestamp_seconds", labels, call.since)

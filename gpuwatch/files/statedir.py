@@ -3,7 +3,11 @@
 - Only its owner may write in it: a dir another user owns, or that group or others may write, lets them plant
   links and FIFOs where a root agent opens files, so it is refused (exit 78) with what to change.
 - One agent per state dir: the second would read the first's known GPUs and report them lost. The agent holds an
-  exclusive flock on ``agent.lock`` (with its PID inside) for its lifetime; the kernel drops it when the agent dies.
+  exclusive flock on ``agent.lock`` (with its PID inside) and on the state dir itself for its lifetime; the kernel
+  drops them when the agent dies. The dir's own lock holds alone where a full filesystem has no inode left for
+  ``agent.lock``.
+- A full filesystem or quota (ENOSPC, EDQUOT; NO_SPACE_ERRNOS) is not a reason to refuse to start: the agent keeps
+  its state in memory and says so (gpuwatch.service.startup.claim_state_dir).
 - Temp files of our own naming pattern (statefile.atomic_write_json) left behind by a kill -9 are removed at
   start-up once they are older than any write takes.
 - A state dir deleted while the agent runs is made again (logged once), rather than failing every write.
@@ -12,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -30,6 +35,9 @@ AGENT_LOCK_FILE = "agent.lock"
 STATE_DIR_MODE = 0o750  # as systemd's StateDirectoryMode= in systemd/gpuwatch.service
 STALE_TEMP_SECONDS = 60.0  # an atomic write takes milliseconds; a temp file this old was left by a killed writer
 # ".known_gpus.json.k2j4_x9a.tmp": tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp") in statefile.
+# The errors of a filesystem with no room for the agent: a full disk or inode table, or a user's quota. The agent starts
+# and keeps its state in memory (said once) rather than exit, so a local user filling a shared /var cannot keep it down.
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _TEMP_RE = re.compile(r"^\.[A-Za-z0-9_.-]+\.[a-z0-9_]{8}\.tmp$")
 
 _recreated = Latch(log)  # by path: said once per state dir
@@ -123,15 +131,55 @@ def clean_stale_temp_files(path: Path, *, older_than: float = STALE_TEMP_SECONDS
 
 
 class AgentLock:
-    """The exclusive hold of one agent on its state dir, for the agent's lifetime."""
+    """The exclusive hold of one agent on its state dir, for the agent's lifetime: a flock on ``agent.lock`` (its PID
+    inside, for the message another agent gives) and one on the directory itself, which is all there is where a full
+    filesystem has no room for ``agent.lock``."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / AGENT_LOCK_FILE
         self._fd: int | None = None
+        self._dir_fd: int | None = None
+
+    @property
+    def file_held(self) -> bool:
+        """Whether ``agent.lock`` is held (False while only the directory's lock is: no room to create it)."""
+        return self._fd is not None
 
     def acquire(self) -> None:
         """Take the lock or raise StateDirBusy (another agent) / OSError (cannot open it)."""
-        fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._lock_file()
+        try:
+            dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(dir_fd)
+                raise StateDirBusy(self._busy_message()) from None
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        self._fd, self._dir_fd = fd, dir_fd
+
+    def renew(self) -> None:
+        """Once a full filesystem has room again: create and take ``agent.lock`` if there was no room for it (the
+        directory's lock held meanwhile), and write the PID in it that found no room at start."""
+        if self._dir_fd is None:
+            return
+        if self._fd is None:
+            with contextlib.suppress(OSError, StateDirBusy):
+                self._fd = self._lock_file()
+        else:
+            self._write_pid(self._fd)
+
+    def _lock_file(self) -> int | None:
+        """``agent.lock`` locked, with our PID; None when the filesystem has no room to create it."""
+        try:
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno in NO_SPACE_ERRNOS:
+                return None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -140,16 +188,21 @@ class AgentLock:
         except BaseException:
             os.close(fd)
             raise
-        with contextlib.suppress(OSError):
+        self._write_pid(fd)
+        return fd
+
+    @staticmethod
+    def _write_pid(fd: int) -> None:
+        with contextlib.suppress(OSError):  # no room for it: the message of a second agent names no PID
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._dir_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._dir_fd = None
 
     def _busy_message(self) -> str:
         pid = ""
@@ -211,6 +264,23 @@ def writable_problem(path: Path) -> str | None:
         return f"cannot look at its filesystem: {exc.strerror}"
     if fs.f_flag & os.ST_RDONLY:
         return f"{target} is on a read-only filesystem"
+    if target != path and (fs.f_bavail == 0 or fs.f_favail == 0):  # a state dir that exists is space_problem's
+        return f"the filesystem of {target} is full (no free blocks or inodes): the state dir cannot be made there"
+    return None
+
+
+def space_problem(path: Path) -> str | None:
+    """Why the agent would start with its state in memory (its filesystem is full), found without writing; or None.
+    A quota (EDQUOT) shows only when a write is tried: the agent's start says that one."""
+    if not path.is_dir():  # one to be made on a full filesystem cannot be: writable_problem's
+        return None
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
     if fs.f_bavail == 0 or fs.f_favail == 0:
-        return f"the filesystem of {target} is full (no free blocks or inodes)"
+        return (
+            f"the filesystem of {path} is full (no free {'blocks' if fs.f_bavail == 0 else 'inodes'}): the agent "
+            "starts, but keeps its state in memory only, lost at a restart, until there is room"
+        )
     return None

@@ -27,7 +27,7 @@ from typing import Any
 from gpuwatch.core.latch import Latch
 from gpuwatch.core.model import GpuIdentity
 from gpuwatch.files.safefile import UnsafeFileError, read_regular_file
-from gpuwatch.files.statedir import STATE_DIR_MODE, ensure_state_dir
+from gpuwatch.files.statedir import NO_SPACE_ERRNOS, STATE_DIR_MODE, ensure_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,28 @@ class StateDirError(Exception):
             f"cannot write state file {path}: {reason}{f' ({code})' if code else ''}; make {path.parent} "
             "writable by the agent (--state-dir, systemd StateDirectory=) and check its filesystem has space"
         )
+
+    @property
+    def no_space(self) -> bool:
+        """The filesystem or the user's quota is full: the agent runs on with its state in memory."""
+        return self.errno in NO_SPACE_ERRNOS
+
+
+# The outcome of the last state-file write in each directory (True: it worked), for gpuwatch_state_dir_writable: every
+# writer of state files says its failures its own way, and this says whether the dir takes writes at all.
+_last_write_ok: dict[str, bool] = {}
+_outcome_lock = threading.Lock()
+
+
+def last_write_ok(directory: Path) -> bool | None:
+    """Whether the last state file written in ``directory`` was written (None: nothing was written there yet)."""
+    with _outcome_lock:
+        return _last_write_ok.get(os.path.normpath(directory))
+
+
+def _record_write(directory: Path, ok: bool) -> None:
+    with _outcome_lock:
+        _last_write_ok[os.path.normpath(directory)] = ok
 
 
 def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -72,11 +94,13 @@ def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
+        _record_write(path.parent, False)
         raise StateDirError(path, exc) from exc
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+    _record_write(path.parent, True)
     _fsync_dir(path.parent)
 
 
@@ -249,6 +273,12 @@ class KnownGpus:
                     gpus[identity.uuid] = identity
                     self._unsaved = True
                     self._last_attempt = float("-inf")  # a change is worth an immediate write attempt
+            self._save_if_needed()
+
+    def write_now(self) -> None:
+        """Write what is unsaved at once, not after retry_interval_s: the state dir has room again."""
+        with self._lock:
+            self._last_attempt = float("-inf")
             self._save_if_needed()
 
     def forget(self, uuid: str) -> bool:

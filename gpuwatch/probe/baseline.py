@@ -97,6 +97,7 @@ class Baselines:
         self.path = state_dir / BASELINES_FILE
         self._lock_path = state_dir / f".{BASELINES_FILE}.lock"
         self._failing = Latch(log)  # a read-only or full state dir is said once, not at every probe of every GPU
+        self._unlocked = Latch(log)  # a lock file that cannot be opened (a full state dir): said once as well
 
     def load(self) -> dict[str, Baseline]:
         """Every GPU's baseline; a missing or unusable file gives {} (an unusable one is moved aside and logged)."""
@@ -209,9 +210,10 @@ class Baselines:
             try:  # another user's agent owns the state dir: a read-only descriptor still takes a flock
                 fd = open_regular(self._lock_path, os.O_RDONLY)
             except OSError as exc:
-                log.warning("cannot lock %s (%s); reading baselines without the lock", self._lock_path, exc)
+                self._unlocked.fail("cannot lock %s (%s); reading baselines without the lock", self._lock_path, exc)
                 yield
                 return
+        self._unlocked.recover()
         try:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             yield

@@ -12,11 +12,16 @@ import re
 from pathlib import Path
 
 from gpuwatch.files.safefile import UnsafeFileError, open_regular
-from gpuwatch.files.statedir import open_in_state_dir
+from gpuwatch.files.statedir import NO_SPACE_ERRNOS, open_in_state_dir
 
 
 class LockUnavailable(Exception):
     """The lock file cannot be opened (state dir missing or not ours); the message says what to do."""
+
+
+class LockNoRoom(LockUnavailable):
+    """The state dir's filesystem or quota has no room to create the lock file: a probe round skips the GPU (said
+    once) rather than fail, as the agent runs on with its state in memory."""
 
 
 def lock_path(state_dir: Path, uuid: str) -> Path:
@@ -30,10 +35,15 @@ def try_lock(state_dir: Path, uuid: str, *, wait: bool) -> int | None:
         fd = open_in_state_dir(path, os.O_RDWR | os.O_CREAT, 0o644)  # no link followed, no FIFO waited on
     except UnsafeFileError as exc:
         raise LockUnavailable(f"refusing the probe lock: {exc}; remove it (the agent makes it again)") from None
-    except OSError:
+    except OSError as create_error:
         try:  # the agent's user owns the file: a read-only descriptor takes a flock just the same
             fd = open_regular(path, os.O_RDONLY)
         except OSError as exc:
+            if create_error.errno in NO_SPACE_ERRNOS:
+                raise LockNoRoom(
+                    f"no room to create the probe lock {path} ({create_error.strerror}): free space (or quota) on "
+                    "the state dir's filesystem"
+                ) from None
             raise LockUnavailable(
                 f"cannot open the probe lock {path}: {exc.strerror or exc}; run as the agent's user, or pass "
                 "--state-dir with the agent's state dir"

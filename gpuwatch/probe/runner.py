@@ -26,7 +26,7 @@ from gpuwatch.probe.baseline import Baseline, Baselines, Mode
 from gpuwatch.probe.children import PROC_PID_INIT_INO
 from gpuwatch.probe.conclude import Conclusions, outcome
 from gpuwatch.probe.launch import WorkerLauncher
-from gpuwatch.probe.locks import try_lock, unlock
+from gpuwatch.probe.locks import LockNoRoom, try_lock, unlock
 from gpuwatch.probe.readings import _previous, _unsupported, held_down
 from gpuwatch.probe.supervisor import WORKER_MEMORY_LIMIT_BYTES, WorkerSupervisor
 from gpuwatch.state.probebook import ProbeOutcome, ProbeResult
@@ -63,6 +63,7 @@ class ProbeRunner:
         self._clock = clock
         self._progress = progress
         self._namespace = Latch(log)  # said once
+        self._no_room = Latch(log)  # no room in the state dir for a probe lock: said once, and when there is again
         self._rounds = 0  # rounds running now (the agent's, or a test's beside it)
         self._rounds_changed = threading.Condition()
         self.workers = WorkerSupervisor(
@@ -206,7 +207,13 @@ class ProbeRunner:
         runnable: list[tuple[GpuIdentity, GpuSample, bool]] = []
         try:
             for identity, sample, explicit_busy in sorted(to_run, key=lambda t: t[0].uuid):
-                fd = try_lock(self._state_dir, identity.uuid, wait=False)
+                try:
+                    fd = try_lock(self._state_dir, identity.uuid, wait=False)
+                except LockNoRoom as exc:  # a full state dir: skipped, said once, as the rest of the state is kept
+                    self._no_room.fail("probe rounds skip their GPUs: %s", exc)
+                    outcomes.append(self._outcome(identity, "skipped_busy", str(exc)))
+                    continue
+                self._no_room.recover("probe locks can be made again: probe rounds run again")
                 if fd is None and wait:
                     self._say(f"GPU {identity.index}: waiting for the probe already running on it")
                     fd = try_lock(self._state_dir, identity.uuid, wait=True)

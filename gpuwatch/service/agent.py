@@ -7,6 +7,7 @@ hung vendor call delays only the next poll — never a scrape, which reads the s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -26,14 +27,20 @@ from gpuwatch.config.settings import CompatSection, Config, ConfigError, parse_l
 from gpuwatch.exposition.cache import CachedExposition, cached_metrics_app
 from gpuwatch.exposition.exporter import Extension, SnapshotExporter
 from gpuwatch.files.statedir import AgentLock
-from gpuwatch.files.statefile import KnownGpus
+from gpuwatch.files.statefile import KnownGpus, StateDirError, check_state_dir, last_write_ok
 from gpuwatch.judge.findings import gpu_health
 from gpuwatch.judge.gpu_verdict import health_document
 from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.service.scheduling import Collectors
 from gpuwatch.service.sdnotify import ServiceNotifier
 from gpuwatch.service.signal_inbox import SignalInbox
-from gpuwatch.service.startup import claim_state_dir, live_part, poll_health, watchdog_problem
+from gpuwatch.service.startup import (
+    STATE_DIR_RETRY_SECONDS,
+    claim_state_dir,
+    live_part,
+    poll_health,
+    watchdog_problem,
+)
 from gpuwatch.state.store import STALE_AFTER_POLLS, SampleStore, StoreSnapshot
 from gpuwatch.web.server import HttpServer, make_app
 
@@ -66,6 +73,8 @@ class Agent:
         self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts)
         self._known = KnownGpus(config.state_dir)
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.files.statedir)
+        self._state_writable: bool | None = None  # None before start; False while state is kept in memory
+        self._state_retry_at = float("-inf")  # monotonic: the next write test while the state dir takes no writes
         self._stop = threading.Event()
         self._first_poll = threading.Event()
         self._signals = SignalInbox()  # what SIGTERM, SIGINT and SIGHUP asked the main thread for
@@ -100,7 +109,10 @@ class Agent:
         problem = watchdog_problem(self._notifier.watchdog_seconds, self.config)
         if problem is not None:  # exit 78 before anything starts, not a watchdog restart loop with no hint
             raise ConfigError(str(self.config.source), "agent.poll_interval_seconds", problem)
-        claim_state_dir(self.config, self._state_lock)
+        writable = claim_state_dir(self.config, self._state_lock)  # False: full, state in memory (said there)
+        self._state_writable = writable
+        self.store.set_state_dir_writable(writable)
+        self._state_retry_at = self._monotonic() + STATE_DIR_RETRY_SECONDS
         self.store.add_known(self._known.load().values())
         host, port = parse_listen(self.config.agent.listen)
         app, wrap_socket = self.app, None
@@ -201,7 +213,27 @@ class Agent:
         fed with the health, so a poll that hangs is a watchdog restart."""
         self._first_poll.set()
         self._known.remember(self.store.identities().values())
-        self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}")
+        self._watch_state_dir()
+        memory = "; state dir takes no writes: state kept in memory only" if self._state_writable is False else ""
+        self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}{memory}")
+
+    def _watch_state_dir(self) -> None:
+        """gpuwatch_state_dir_writable from the last state write; while writes fail (a full filesystem or quota), a
+        write test every STATE_DIR_RETRY_SECONDS; once a write works again (that test or any state file's), the
+        state kept in memory is written at once."""
+        state_dir = self.config.state_dir
+        writable = last_write_ok(state_dir) is not False
+        if not writable and self._monotonic() >= self._state_retry_at:
+            self._state_retry_at = self._monotonic() + STATE_DIR_RETRY_SECONDS
+            with contextlib.suppress(StateDirError):
+                check_state_dir(state_dir)
+                writable = True
+        if writable and self._state_writable is False:
+            log.warning("state dir %s takes writes again: state is written there from now on", state_dir)
+            self._state_lock.renew()
+            self._known.write_now()
+        self._state_writable = writable
+        self.store.set_state_dir_writable(writable)
 
     def _update_expected(self) -> None:
         counts = self._sources.pci_gpu_counts()

@@ -1,10 +1,13 @@
 """What the agent claims before it starts, and what it keeps across a reload: start-up checks with their exit codes
-(ConfigError: 78, StartupError: 69) and the settings that take effect only after a restart."""
+(ConfigError: 78, StartupError: 69; a full state dir is neither: state is kept in memory) and the settings that take
+effect only after a restart."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,8 @@ from gpuwatch.state.store import StoreSnapshot
 
 log = logging.getLogger(__name__)
 
+# How often an agent whose state dir takes no writes (full, over quota) tries a write again.
+STATE_DIR_RETRY_SECONDS = 10.0
 RESTART_ONLY = ("listen", "web_config", "backend", "state_dir", "disable_collectors")
 
 
@@ -59,14 +64,23 @@ def watchdog_problem(watchdog_seconds: float | None, config: Config) -> str | No
     )
 
 
-def claim_state_dir(config: Config, lock: AgentLock) -> None:
-    """Only ours (exit 78), writable and not another agent's (exit 69); then clear a killed agent's temp files."""
+def claim_state_dir(config: Config, lock: AgentLock) -> bool:
+    """Only ours (exit 78), not another agent's (exit 69) and writable (exit 69), then clear a killed agent's temp
+    files; True when state files can be written, False when the filesystem or quota is full: the agent then starts
+    with its state in memory (said here, once), since a full /var that any local user can cause must not keep it
+    down, and writes its state again once there is room (Agent, after each poll)."""
     try:
         require_safe_state_dir(config.state_dir)
     except StateDirUnsafe as exc:
         raise ConfigError(str(config.source), "agent.state_dir", str(exc)) from None
+    full: StateDirError | None = None
     try:
-        check_state_dir(config.state_dir)
+        try:
+            check_state_dir(config.state_dir)
+        except StateDirError as exc:
+            if not exc.no_space or not config.state_dir.is_dir():
+                raise
+            full = exc
         lock.acquire()
     except StateDirBusy as exc:
         raise StartupError(str(exc)) from None
@@ -74,7 +88,20 @@ def claim_state_dir(config: Config, lock: AgentLock) -> None:
         raise StartupError(
             f"state dir {config.state_dir} is not writable ({exc}); create it for the agent's user or pass --state-dir"
         ) from None
+    if full is not None:
+        log.error(
+            "state dir %s: %s. STARTING WITH STATE KEPT IN MEMORY ONLY: known GPUs, probe baselines and the power "
+            "supplies seen are not written, and what is learnt now is lost if the agent restarts before there is "
+            "room. Free space (or quota) on the filesystem of %s (df -h %s; df -i for inodes): the agent retries "
+            "every %g s and writes its state again by itself (gpuwatch_state_dir_writable goes back to 1)",
+            config.state_dir,
+            os.strerror(full.errno or errno.ENOSPC),
+            config.state_dir,
+            config.state_dir,
+            STATE_DIR_RETRY_SECONDS,
+        )
     clean_stale_temp_files(config.state_dir)
+    return full is None
 
 
 def live_part(old: Config, new: Config) -> Config:

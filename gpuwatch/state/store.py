@@ -74,6 +74,7 @@ class StoreSnapshot:
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
     parts: dict[str, Any] = field(default_factory=dict)  # collector -> what it stored (its module's own type)
     stuck_calls: tuple[StuckCall, ...] = ()  # vendor calls a poll hangs in (VendorCollectors.stuck_calls)
+    state_dir_writable: bool | None = None  # False: state files cannot be written (full disk), state kept in memory
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -107,6 +108,7 @@ class SampleStore:
         self.probe = ProbeBook()  # written by the probe runner (gpuwatch/probe/runner.py)
         self._host: dict[str, tuple[HostSample, float]] = {}
         self._parts: dict[str, Any] = {}  # collector -> its last run's result
+        self._state_dir_writable: bool | None = None  # None: not known (an agent sets it at start)
 
     @property
     def poll_interval_seconds(self) -> float:
@@ -294,7 +296,13 @@ class SampleStore:
                 probe=self.probe.view(),
                 parts=dict(self._parts),
                 stuck_calls=self._stuck_calls,
+                state_dir_writable=self._state_dir_writable,
             )
+
+    def set_state_dir_writable(self, writable: bool) -> None:
+        """Whether the state dir takes writes now (False: the agent keeps its state in memory)."""
+        with self._lock:
+            self._state_dir_writable = writable
 
     def set_stuck_calls(self, calls: tuple[StuckCall, ...]) -> None:
         """The vendor calls a poll hangs in now (none once it returns)."""
