@@ -22,6 +22,7 @@ from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.core.model import GpuReading, HostSample
 from gpuwatch.core.thresholds import runbook_reference
 from gpuwatch.files.statedir import space_problem, state_dir_problem, writable_problem
+from gpuwatch.judge.gpu_verdict import verdict_of
 from gpuwatch.judge.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 from gpuwatch.service.nodes import build_sources
 from gpuwatch.service.real_node import amd_versions
@@ -234,6 +235,9 @@ def print_gpus(
             cells += [_pad("no readings", 9 + 9 + 11 + 11 + 5 + 13 + 10, paint)]
         cells.append(paint(worst, verdict))
         print("  ".join(cells))
+        state, action, _ = verdict_of(findings, _recovery_action(reading))
+        if state != "healthy" or action != "none":
+            print(f"     verdict: {paint(worst, state)}, action {action} (docs/verdicts.md)")
         for f in findings:
             if f.attention:
                 print(f"     {paint(f.level, '!')} {f.text}")
@@ -305,16 +309,22 @@ def _reading_json(reading: GpuReading, config: Config) -> dict[str, Any]:
     sample = None
     if reading.sample is not None:
         sample = {key: _jsonable(value) for key, value in dataclasses.asdict(reading.sample).items()}
+    judged = gpu_findings(reading, config.gpus.power_limit_watts)
     findings = [
-        {"level": f.level, "alert": f.alert, "text": f.text, "remedy": f.remedy, "runbook": f.runbook}
-        for f in gpu_findings(reading, config.gpus.power_limit_watts)
+        {"level": f.level, "alert": f.alert, "text": f.text, "remedy": f.remedy, "runbook": f.runbook} for f in judged
     ]
+    state, action, evidence = verdict_of(judged, _recovery_action(reading))
     return {
         "identity": dataclasses.asdict(reading.identity),
         "sample": sample,
         "error": reading.error,
         "findings": findings,
+        "verdict": {"state": state, "action": action, "evidence": list(evidence)},
     }
+
+
+def _recovery_action(reading: GpuReading) -> int | None:
+    return reading.sample.recovery_action if reading.sample is not None else None
 
 
 def _jsonable(value: Any) -> Any:

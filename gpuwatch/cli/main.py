@@ -146,6 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--web-config", metavar="PATH", help="TLS / basic auth file to validate")
     check.add_argument("--state-dir", type=Path)
     sub.add_parser("version", help="versions of gpuwatch and the vendor libraries found")
+    health = sub.add_parser(
+        "health",
+        help="ask the local agent for its GPUs' verdicts; the exit status says healthy or not",
+        description="Ask the agent for each GPU's verdict (/health/gpus as JSON: state, action, evidence) and exit "
+        f"{EXIT_OK} when the node is healthy, {EXIT_NOT_OK} when a GPU (or the node) needs action, {EXIT_USAGE} on bad "
+        f"usage, {EXIT_UNAVAILABLE} when it cannot tell (the agent unreachable, asking for credentials, or a bad "
+        "answer). For scripts, NHC and Slurm's HealthCheckProgram.",
+    )
+    health.add_argument(
+        "--url", metavar="URL", help="the agent's base URL, http(s)://HOST:PORT (default: the configured --listen)"
+    )
+    health.add_argument("--json", action="store_true", help="print the agent's JSON document instead of a summary")
+    health.add_argument("--config", type=Path)
     _add_probe_parser(sub)
     _add_fleet_parser(sub)
     return parser
@@ -297,6 +310,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gpuwatch.cli import commands
 
         return commands.snapshot(config, as_json=args.json) if args.command == "snapshot" else commands.check(config)
+    if args.command == "health":
+        from gpuwatch.cli.health_command import health
+
+        return health(config, args.url, args.json)
     if args.command == "probe":
         from gpuwatch.cli.probe_command import probe
 

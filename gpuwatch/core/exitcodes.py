@@ -9,7 +9,7 @@ member killed by SIGPIPE. The worker's codes are a private protocol between the 
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_NOT_OK = 1  # the command ran and found something wrong (gpuwatch probe: a GPU did not probe ok)
+EXIT_NOT_OK = 1  # the command ran and found something wrong (probe: a GPU did not probe ok; health: one needs action)
 EXIT_USAGE = 2  # bad usage (argparse exits with it too)
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a resource the command cannot work without (port taken, no GPU to probe)
 EXIT_CONFIG = 78  # EX_CONFIG: invalid configuration; the message names the file (or flag), the key and the problem
@@ -18,7 +18,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the output's reader left early (`gpuwat
 # What each status means, for `gpuwatch --help` and the docs' test (tests/test_docs.py keeps the README in step).
 MEANINGS: dict[int, str] = {
     EXIT_OK: "success",
-    EXIT_NOT_OK: "gpuwatch probe: a GPU did not probe ok",
+    EXIT_NOT_OK: "found something wrong (gpuwatch probe: a GPU did not probe ok; gpuwatch health: a GPU needs action)",
     EXIT_USAGE: "bad usage",
     EXIT_UNAVAILABLE: "a resource the command cannot work without is unavailable",
     EXIT_CONFIG: "invalid configuration",

@@ -30,6 +30,20 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "vendor", "model", "serial", "pci_bus_id", "driver_version", "vbios_version"),
         "Identity of a GPU; always 1, also for a GPU that was lost.",
     ),
+    _m(
+        "gpuwatch_gpu_health",
+        "gauge",
+        (*GPU, "state"),
+        "The GPU's verdict, one-hot: 1 for its state (healthy, degraded, unhealthy), 0 for the others "
+        "(docs/verdicts.md).",
+    ),
+    _m(
+        "gpuwatch_gpu_recommended_action",
+        "gauge",
+        (*GPU, "action"),
+        "The one action the GPU's verdict recommends, one-hot: none, restart_app, reset_gpu, reboot_node, "
+        "inspect_hardware, replace_gpu (docs/verdicts.md).",
+    ),
     _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
     _m(

@@ -20,6 +20,7 @@ from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.xid import xid_label
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.fast import Row
+from gpuwatch.judge.gpu_verdict import ACTIONS, STATES, gpu_verdicts
 from gpuwatch.registry import REGISTRY
 from gpuwatch.state.probebook import RESULTS, ProbeView
 from gpuwatch.state.store import SampleStore, StoreSnapshot
@@ -93,6 +94,7 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
     """Every sample of one store snapshot into `out`, family by family in a fixed order (the exposition's order)."""
     out.add("gpuwatch_build_info", (__version__, platform.python_version()), 1)
     _self_health(snap, out)
+    _verdicts(snap, out)
     for identity in sorted(snap.identities.values(), key=lambda i: (i.index, i.uuid)):
         gpu = (str(identity.index), identity.uuid)
         _info(identity, out)
@@ -176,6 +178,16 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
                 last_run,
             ),
         )
+
+
+def _verdicts(snap: StoreSnapshot, out: _Out) -> None:
+    """Each GPU's verdict, one-hot: every state and every action a series, the GPU's own at 1 (docs/verdicts.md)."""
+    for verdict in gpu_verdicts(snap):
+        gpu = (str(verdict.index), verdict.uuid)
+        for state in STATES:
+            out.add("gpuwatch_gpu_health", (*gpu, state), state == verdict.state)
+        for action in ACTIONS:
+            out.add("gpuwatch_gpu_recommended_action", (*gpu, action), action == verdict.action)
 
 
 _COLLECTOR = Row(

@@ -28,6 +28,7 @@ __all__ = [
     "judge_unusable",
     "judge_xids",
     "rail_limit",
+    "recent_xids",
     "reference_limit",
 ]
 
@@ -321,12 +322,9 @@ def _board(s: GpuSample, out: list[Finding]) -> None:
 def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Finding]:
     """(code, count, last unix time) per XID code: a finding per code within the rules' XID window, worst first.
     Application XIDs are listed (info) and page nobody, as in the rules."""
-    window = threshold("xid_window_seconds")
-    recent = [(code, total, last) for code, total, last in xids if now - last < window]
     out = []
-    for code, total, last in sorted(recent, key=lambda x: -x[2]):
+    for code, total, last, cls in recent_xids(xids, now):
         age = now - last
-        cls = xid_class(code, alone=all(other == code for other, _, _ in recent))
         label = "other" if code < 0 else str(code)
         times = f" ×{total}" if total > 1 else ""
         text = f"XID {label}{times} ({xid_meaning(code)}) {ago(age)} ago"
@@ -341,6 +339,17 @@ def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Findi
         else:
             out.append(Finding("info", "GpuXidWarning", text, "an application's fault or none: no action on the GPU"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def recent_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[tuple[int, int, float, str]]:
+    """(code, count, last unix time, alert class) of each XID within the rules' XID window, newest first: the XIDs
+    judge_xids and the GPU's verdict (gpuwatch.judge.gpu_verdict) both judge."""
+    window = threshold("xid_window_seconds")
+    recent = [(code, total, last) for code, total, last in xids if now - last < window]
+    return [
+        (code, total, last, xid_class(code, alone=all(other == code for other, _, _ in recent)))
+        for code, total, last in sorted(recent, key=lambda x: -x[2])
+    ]
 
 
 def judge_unusable(gpu: UnusableGpu) -> Finding:

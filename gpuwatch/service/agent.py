@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from gpuwatch.exposition.exporter import Extension, SnapshotExporter
 from gpuwatch.files.statedir import AgentLock
 from gpuwatch.files.statefile import KnownGpus, StateDirError, check_state_dir, last_write_ok
 from gpuwatch.judge.findings import gpu_health
+from gpuwatch.judge.gpu_verdict import health_document
 from gpuwatch.probe.runner import ProbeRunner
 from gpuwatch.service.scheduling import Collectors
 from gpuwatch.service.sdnotify import ServiceNotifier
@@ -190,7 +192,12 @@ class Agent:
         metrics = cached_metrics_app(self._cache, make_wsgi_app(self.prometheus_registry))  # bursts share renders
         page = lambda: status_page(self.store.snapshot())  # noqa: E731
         app = make_app(
-            self.prometheus_registry, self.health, page, metrics, gpu_health=lambda: gpu_health(self.store.snapshot())
+            self.prometheus_registry,
+            self.health,
+            page,
+            metrics,
+            gpu_health=lambda: gpu_health(self.store.snapshot()),
+            gpu_health_json=lambda: health_document(self.store.snapshot(), socket.gethostname()),
         )
         return _noting_stuck_calls(app, self._note_stuck_calls)
 

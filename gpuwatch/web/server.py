@@ -5,7 +5,8 @@ request.
 stuck (its first poll not finished, a poll loop hung in a vendor call), never for the hardware's faults, which a
 restart does not mend. /health/gpus is the node's GPU health for a load balancer or a scheduler's node check: 503
 with one line per problem while a GPU is lost or missing, a vendor library is down, or any condition an alert rule
-pages on shows (docs/configuration.md, "Health endpoints"). /runbooks is docs/runbooks.md, rendered on the first
+pages on shows (docs/configuration.md, "Health endpoints"); asked for JSON (Accept or ?format=json), the same status
+with each GPU's verdict (docs/verdicts.md). /runbooks is docs/runbooks.md, rendered on the first
 request (gpuwatch.web.runbooks_page), where every alert's runbook link points by default.
 
 A scrape only renders what the store already holds, so a slow client or a hung GPU never blocks another scrape.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import logging
 import os
 import selectors
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
 HealthCheck = Callable[[], tuple[bool, str]]
+HealthDocument = Callable[[], tuple[bool, dict[str, Any]]]  # /health/gpus as JSON (gpuwatch.judge.gpu_verdict)
 StatusPage = Callable[[], str]
 
 MAX_REQUEST_LINE = 8192
@@ -231,6 +235,7 @@ def make_app(
     metrics_app: Callable[..., Any] | None = None,  # the agent's: gpuwatch.exposition.cache
     gpu_health: HealthCheck | None = None,  # /health/gpus
     runbooks: RunbooksPage | None = None,  # /runbooks; the shipped docs/runbooks.md unless given
+    gpu_health_json: HealthDocument | None = None,  # /health/gpus for `Accept: application/json` or ?format=json
 ) -> Callable[..., Any]:
     metrics_app = metrics_app or make_wsgi_app(registry)
     runbooks = runbooks or RunbooksPage()
@@ -245,6 +250,11 @@ def make_app(
         if path == "/healthz":
             ok, reason = health()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
+        if path == "/health/gpus" and gpu_health_json is not None and wants_json(environ):
+            ok, document = gpu_health_json()
+            body = (json.dumps(document, indent=2) + "\n").encode()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            return _reply(start_response, status, body, content_type="application/json")
         if path == "/health/gpus" and gpu_health is not None:
             ok, reason = gpu_health()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", f"{reason}\n".encode())
@@ -267,6 +277,14 @@ def make_app(
         )
 
     return app
+
+
+def wants_json(environ: Environ) -> bool:
+    """A scheduler's check or a script asks for JSON by header or, where it cannot set one, by query."""
+    if "json" in parse_qs(environ.get("QUERY_STRING", "")).get("format", []):
+        return True
+    accept = environ.get("HTTP_ACCEPT", "")
+    return any(part.split(";")[0].strip().lower() == "application/json" for part in accept.split(","))
 
 
 def head_as_get(app: Callable[..., Any]) -> Callable[..., Any]:

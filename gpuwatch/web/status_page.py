@@ -31,6 +31,7 @@ from gpuwatch.judge.findings import (
     probe_ratio,
     views,
 )
+from gpuwatch.judge.gpu_verdict import view_verdict
 from gpuwatch.judge.verdict import BENIGN_REASONS, Finding, ago, judge_rail, rail_limit, reference_limit
 from gpuwatch.probe.baseline import PROBES_TO_ESTABLISH
 from gpuwatch.state.store import StoreSnapshot
@@ -52,7 +53,7 @@ tr{break-inside:avoid}}@page{size:landscape;margin:1cm}
 .bad{background:#b00020;color:#fff}.warn{background:#e08600;color:#fff}.ok{background:#1b5e20;color:#fff}
 .info{background:#ddd;color:#333}.todo{display:block;font-size:.85em;color:#444;margin:0 0 .4em .2em}
 .muted{color:#888}.summary{font-size:1.1em;margin:.6em 0}ul.findings{margin:.3em 0;padding-left:1.2em}
-ul.findings li{margin:.2em 0}
+ul.findings li{margin:.2em 0}.verdict{display:block;margin:0 0 .3em}
 """
 
 
@@ -85,7 +86,15 @@ def _relative(path: str) -> str:
 def _health_cell(v: GpuView) -> str:
     flags = health_flags(v)
     ok = "" if any(f.attention for f in flags) else '<span class="flag ok">ok</span>'
-    return ok + "".join(_finding_html(f) for f in flags)
+    return _verdict_html(v) + ok + "".join(_finding_html(f) for f in flags)
+
+
+def _verdict_html(v: GpuView) -> str:
+    """The GPU's verdict above its findings (docs/verdicts.md); nothing for a healthy GPU with nothing to do."""
+    verdict = view_verdict(v)
+    if verdict.state == "healthy" and verdict.action == "none":
+        return ""
+    return f'<span class="verdict">verdict: <b>{verdict.state}</b>, action <b>{verdict.action}</b></span>'
 
 
 def _temperature_against(v: GpuView, sensor: str, threshold: str) -> str:
