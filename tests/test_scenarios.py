@@ -198,8 +198,17 @@ def test_row_remap_failure(sim: SimAgent) -> None:
 def test_gpu_lost(sim: SimAgent) -> None:
     assert sim.value("gpuwatch_gpu_up", FAULT_GPU) == 0.0
     lost = sim.gpu(FAULT_GPU)["uuid"]
-    exported = sorted(name for name, labels in sim.samples() if ("uuid", lost) in labels)
-    assert exported == ["gpuwatch_gpu_info", "gpuwatch_gpu_up"]
+    # No reading of a lost GPU is exported: its identity, up = 0, and its verdict (docs/verdicts.md: GpuLost asks for a
+    # reboot), which a scheduler reads to keep jobs off it.
+    exported = {name for name, labels in sim.samples() if ("uuid", lost) in labels}
+    assert exported == {
+        "gpuwatch_gpu_info",
+        "gpuwatch_gpu_up",
+        "gpuwatch_gpu_health",
+        "gpuwatch_gpu_recommended_action",
+    }
+    assert sim.value("gpuwatch_gpu_health", FAULT_GPU, state="unhealthy") == 1.0
+    assert sim.value("gpuwatch_gpu_recommended_action", FAULT_GPU, action="reboot_node") == 1.0
     assert sim.value("gpuwatch_gpus_detected") == 7.0
     assert sim.value("gpuwatch_gpus_expected", vendor="nvidia") == 8.0
     for gpu in others():
