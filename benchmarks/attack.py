@@ -206,14 +206,24 @@ def wrong_passwords(port: int, stop: threading.Event, clients: int = 32) -> Call
         while not stop.is_set():
             k += 1
             auth = "Basic " + base64.b64encode(f"{USER}:guess-{n}-{k}".encode()).decode()
-            try:
-                conn = http.client.HTTPConnection(HOST, port, timeout=10)
-                conn.request("GET", "/metrics", headers={"Authorization": auth, "Connection": "close"})
-                conn.getresponse().read()
-                conn.close()
-            except OSError:
-                stop.wait(0.01)
+            _get_metrics(port, {"Authorization": auth}, stop)
 
+    return _start_clients(one, clients)
+
+
+def _get_metrics(port: int, headers: dict[str, str], stop: threading.Event) -> None:
+    """One GET of /metrics on a connection of its own, the answer read and dropped; a refusal waits a little."""
+    try:
+        conn = http.client.HTTPConnection(HOST, port, timeout=10)
+        conn.request("GET", "/metrics", headers={**headers, "Connection": "close"})
+        conn.getresponse().read()
+        conn.close()
+    except OSError:
+        stop.wait(0.01)
+
+
+def _start_clients(one: Callable[[int], None], clients: int) -> Callable[[], None]:
+    """`clients` threads running one(n); the returned call joins them (bounded)."""
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(clients)]
     for t in threads:
         t.start()
@@ -361,20 +371,9 @@ def accept_versions(port: int, stop: threading.Event, clients: int = 8) -> Calla
         while not stop.is_set():
             k += 1
             accept = ("text/plain; version=x", f"application/openmetrics-text; version=1.0.{n}{k}")[k % 2]
-            try:
-                conn = http.client.HTTPConnection(HOST, port, timeout=10)
-                conn.request(
-                    "GET", "/metrics", headers={"Authorization": auth, "Accept": accept, "Connection": "close"}
-                )
-                conn.getresponse().read()
-                conn.close()
-            except OSError:
-                stop.wait(0.01)
+            _get_metrics(port, {"Authorization": auth, "Accept": accept}, stop)
 
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(clients)]
-    for t in threads:
-        t.start()
-    return lambda: [t.join(15) for t in threads] and None
+    return _start_clients(one, clients)
 
 
 def phase(
