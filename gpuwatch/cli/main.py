@@ -159,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--json", action="store_true", help="print the agent's JSON document instead of a summary")
     health.add_argument("--config", type=Path)
+    repair = sub.add_parser(
+        "repair",
+        help="record that a GPU's held faults are mended, so its verdict clears",
+        description="Close every fault the ledger holds for a GPU (docs/verdicts.md), keeping who and why. A running "
+        "agent reads it at its next poll. A fault that shows again opens again and counts as returned; one that "
+        f"returns escalates. Exit {EXIT_OK} when done (or nothing was held), {EXIT_USAGE} on bad usage or an unknown "
+        f"GPU, {EXIT_UNAVAILABLE} when the state dir cannot be written.",
+    )
+    repair.add_argument("--gpu", required=True, metavar="INDEX|UUID", help="the GPU, by index or UUID")
+    repair.add_argument("--note", required=True, metavar="TEXT", help="what was done (kept in the ledger)")
+    repair.add_argument("--state-dir", type=Path, help="the agent's state dir (default: the configured one)")
+    repair.add_argument("--config", type=Path)
     _add_probe_parser(sub)
     _add_fleet_parser(sub)
     return parser
@@ -314,6 +326,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gpuwatch.cli.health_command import health
 
         return health(config, args.url, args.json)
+    if args.command == "repair":
+        from gpuwatch.cli.repair_command import repair_gpu
+
+        return repair_gpu(config, args.gpu, args.note)
     if args.command == "probe":
         from gpuwatch.cli.probe_command import probe
 

@@ -104,6 +104,7 @@ class SimulatedSection:
     scenario: str = "mixed"
     vendor: Vendor = "nvidia"
     gpus: int = 8
+    boot: int = 0  # which boot of the simulated node: another number is a reboot (its boot id changes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,13 @@ class ProbeSection:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerSection:
+    """The fault ledger (gpuwatch/state/ledger.py): faults held until repaired, and when one escalates."""
+
+    escalate_after: int = 2  # a fault that returns this many times takes the next action up the ladder
+
+
+@dataclass(frozen=True, slots=True)
 class CompatSection:
     """Other exporters' names beside gpuwatch's own (docs/migrating-from-dcgm-exporter.md)."""
 
@@ -179,6 +187,7 @@ class Config:
     xid: XidSection = field(default_factory=XidSection)
     host: HostSection = field(default_factory=HostSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
+    ledger: LedgerSection = field(default_factory=LedgerSection)
     compat: CompatSection = field(default_factory=CompatSection)
     collectors: Mapping[str, Any] = field(default_factory=dict)  # SECTION -> a registered collector's section
     source: str = "defaults"
@@ -205,6 +214,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "xid": XidSection,
     "host": HostSection,
     "probe": ProbeSection,
+    "ledger": LedgerSection,
     "compat": CompatSection,
 }
 
@@ -342,6 +352,12 @@ def _validate(config: Config, problems: _Problems) -> None:
     sim = config.simulated
     check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
     check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
+    check(0 <= sim.boot <= 1_000_000, "simulated.boot", "must be between 0 and 1000000")
+    check(
+        1 <= config.ledger.escalate_after <= 100,
+        "ledger.escalate_after",
+        "must be between 1 and 100 (returns of a fault before it escalates)",
+    )
     gpus = config.gpus
     for key, value in (("gpus.expected_nvidia", gpus.expected_nvidia), ("gpus.expected_amd", gpus.expected_amd)):
         check(value is None or 0 <= value <= 1024, key, "must be between 0 and 1024")

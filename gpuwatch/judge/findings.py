@@ -218,11 +218,16 @@ def node_findings(snap: StoreSnapshot) -> list[Finding]:
 
 
 def gpu_health(snap: StoreSnapshot) -> tuple[bool, str]:
-    """/health/gpus: ok while every expected GPU is present and nothing the alert rules page on (critical or
-    warning) shows; otherwise a line per problem."""
+    """/health/gpus: ok while every expected GPU is present, nothing the alert rules page on (critical or warning)
+    shows and the fault ledger holds no fault; otherwise a line per problem."""
     problems = [f"node: {f.text}" for f in node_findings(snap) if f.attention]
     for view in views(snap):
         problems += [f"GPU {view.identity.index}: {f.text}" for f in health_flags(view) if f.attention]
+        problems += [
+            f"GPU {view.identity.index}: {fault.key} held until repaired ({fault.action}; gpuwatch repair --gpu "
+            f"{view.identity.index} --note WHAT-WAS-DONE clears it)"
+            for fault in snap.ledger.open_faults(view.identity.uuid)
+        ]
     if not problems:
         gpus = len(snap.identities)
         return True, f"ok: {gpus} GPU{'s' if gpus != 1 else ''} healthy"

@@ -7,12 +7,13 @@ signal asks for. XIDs take their action from NVIDIA's catalogue (gpuwatch.core.x
 (Immediate Action)" column); the driver's recovery action from its value (nvml.h nvmlGpuRecoveryAction_t). The
 mapping is docs/verdicts.md's table; tests/test_gpu_verdict.py holds each scenario to it.
 
-A pure function of a store snapshot: what a later fault ledger holds (faults kept until repaired) becomes one more
-input (`held`), judged the same way.
+A pure function of a store snapshot, which carries the fault ledger (gpuwatch.state.ledger): a fault the ledger
+holds until it is repaired is one more step, judged the same way (gpuwatch.judge.held decides what it holds).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -22,6 +23,7 @@ from gpuwatch.core.thresholds import xid_meaning
 from gpuwatch.core.xid_catalogue import CATALOGUE_DATE, immediate_action
 from gpuwatch.judge.findings import GpuView, gpu_health, health_flags, node_findings, views
 from gpuwatch.judge.verdict import Finding, Level, ago, recent_xids
+from gpuwatch.state.ledger import HELD_ACTIONS, Fault
 from gpuwatch.state.store import StoreSnapshot
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "Step",
     "gpu_verdicts",
     "health_document",
+    "held_step",
+    "live_steps",
     "verdict_of",
     "view_verdict",
 ]
@@ -95,6 +99,19 @@ _ACTION_OF_BUCKET: dict[str, tuple[Action, str]] = {
     "CHECK_MECHANICALS": ("inspect_hardware", "power cables"),  # 54: auxiliary power not connected
 }
 _UNLISTED_XID: tuple[Action, str] = ("reset_gpu", "")  # a code or bucket the catalogue does not name (yet)
+# Conditions that ask for an action while only degraded, and do not mend by themselves: the ledger holds them as it
+# holds every unhealthy condition and every XID that asks for more than restarting the application. A degraded
+# condition that comes and goes with the load or the weather (a GPU running hot, a slow probe, a downtrained link
+# while busy) is judged as it is now and not held.
+_HELD_WHILE_DEGRADED = frozenset(
+    {
+        "GpuEccUncorrectable",
+        "GpuRowRemapPending",
+        "GpuRowRemapFailure",
+        "GpuSramEccThresholdExceeded",
+        "GpuInforomCorrupted",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,10 @@ class Step:
     state: State
     action: Action
     evidence: str
+    key: str = ""  # the signal: an alert's name or "XID 79" (the ledger's key for a fault)
+    holds: bool = False  # the fault ledger keeps it until it is repaired
+    at: float = 0.0  # the signal's own time (an XID's last event; a condition's: the snapshot's)
+    kept: str = ""  # the evidence as the ledger keeps it (no "ago" that goes stale); empty: the evidence itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +163,7 @@ def decide(steps: Iterable[Step]) -> tuple[State, Action, tuple[str, ...]]:
     return state, action, evidence
 
 
-def finding_step(finding: Finding, recovery_action: int | None = None) -> Step | None:
+def finding_step(finding: Finding, recovery_action: int | None = None, at: float = 0.0) -> Step | None:
     """The step a finding of gpuwatch.judge.findings asks for; None for one that pages nobody (info)."""
     if not finding.attention:
         return None
@@ -155,7 +176,8 @@ def finding_step(finding: Finding, recovery_action: int | None = None) -> Step |
     else:
         action, part = _ACTION_OF_ALERT.get(finding.alert, ("reset_gpu" if finding.level == "bad" else "none", ""))
     inspect = f", inspect the {part}" if part else ""
-    return Step(state, action, f"{finding.alert}: {finding.text} -> {action}{inspect}")
+    holds = action in HELD_ACTIONS and (state == "unhealthy" or finding.alert in _HELD_WHILE_DEGRADED)
+    return Step(state, action, f"{finding.alert}: {finding.text} -> {action}{inspect}", finding.alert, holds, at)
 
 
 def verdict_of(
@@ -166,18 +188,25 @@ def verdict_of(
     return decide(s for f in findings if (s := finding_step(f, recovery_action)) is not None)
 
 
-def xid_step(code: int, total: int, age: float, cls: str) -> Step:
-    """An XID within the rules' window: its state from its alert class, its action from NVIDIA's catalogue."""
+def xid_step(code: int, total: int, age: float, cls: str, at: float = 0.0) -> Step:
+    """An XID within the rules' window: its state from its alert class, its action from NVIDIA's catalogue; `at`
+    is its last event's unix time."""
     bucket = immediate_action(code) if code >= 0 else None
     action, part = _ACTION_OF_BUCKET.get(bucket or "", _UNLISTED_XID)
     label = "other" if code < 0 else str(code)
     times = f" x{total}" if total > 1 else ""
     source = f"NVIDIA's catalogue ({CATALOGUE_DATE}): {bucket}" if bucket else "not in NVIDIA's catalogue"
     inspect = f", inspect the {part}" if part else ""
+    what, why = f"XID {label}{times} ({xid_meaning(code)})", f"{source} -> {action}{inspect}"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at else "earlier"
     return Step(
         _STATE_OF_XID_CLASS[cls],
         action,
-        f"XID {label}{times} ({xid_meaning(code)}) {ago(age)} ago; {source} -> {action}{inspect}",
+        f"{what} {ago(age)} ago; {why}",
+        f"XID {label}",
+        action in HELD_ACTIONS,
+        at,
+        f"{what} at {when}; {why}",
     )
 
 
@@ -193,14 +222,42 @@ def unusable_step(gpu: UnusableGpu) -> Step:
     return Step("unhealthy", "reboot_node", f"GpuCountBelowExpected: unusable ({gpu.reason}) -> reboot_node")
 
 
-def view_verdict(view: GpuView) -> GpuVerdict:
-    """One GPU's verdict: its findings (XIDs judged apart, by their codes) and its XIDs within the rules' window."""
+def live_steps(view: GpuView) -> list[Step]:
+    """What the GPU's signals ask for now: its findings (XIDs judged apart, by their codes) and its XIDs within
+    the rules' window."""
     snap, uuid = view.snap, view.identity.uuid
     recovery = view.sample.recovery_action if view.sample is not None else None
     flags = [f for f in health_flags(view) if f.alert not in ("GpuXidCritical", "GpuXidWarning")]
-    steps = [s for f in flags if (s := finding_step(f, recovery)) is not None]
+    steps = [s for f in flags if (s := finding_step(f, recovery, snap.now)) is not None]
     xids = ((code, c.total, c.last_timestamp) for (u, code), c in snap.xids.items() if u == uuid)
-    steps += [xid_step(code, total, snap.now - last, cls) for code, total, last, cls in recent_xids(xids, snap.now)]
+    steps += [
+        xid_step(code, total, snap.now - last, cls, last) for code, total, last, cls in recent_xids(xids, snap.now)
+    ]
+    return steps
+
+
+def held_step(fault: Fault, now: float, live: Step | None = None) -> Step:
+    """A fault the ledger holds: what it asked for when it opened, escalated for each time it returned; its
+    evidence the live signal's while that shows (`live`), else the ledger's."""
+    escalated = (
+        f"; came back {fault.returns}x: {fault.base_action} escalated to {fault.action}" if fault.returns else ""
+    )
+    held = f"held until repaired (since {ago(now - fault.opened)} ago){escalated}"
+    return Step(
+        fault.state, fault.action, f"{live.evidence if live else fault.evidence}; {held}", fault.key, True, fault.at
+    )
+
+
+def view_verdict(view: GpuView) -> GpuVerdict:
+    """One GPU's verdict: what its signals ask for now, and the faults the ledger holds for it (one evidence line
+    for a fault both held and showing)."""
+    snap, uuid = view.snap, view.identity.uuid
+    steps = live_steps(view)
+    for fault in snap.ledger.open_faults(uuid):
+        live = next((s for s in steps if s.key == fault.key), None)
+        if live is not None:
+            steps.remove(live)
+        steps.append(held_step(fault, snap.now, live))
     return GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps))
 
 
@@ -215,7 +272,7 @@ def gpu_verdicts(snap: StoreSnapshot) -> list[GpuVerdict]:
 def health_document(snap: StoreSnapshot, node: str) -> tuple[bool, dict[str, Any]]:
     """/health/gpus as JSON: `healthy` is the plain answer's 200 (so the two never disagree), the GPUs' verdicts,
     and the node's own problems (a vendor library down, GPUs missing, the host's power) as `node_findings`."""
-    ok, _ = gpu_health(snap)
+    ok, _ = gpu_health(snap)  # held faults included
     document = {
         "node": node,
         "healthy": ok,

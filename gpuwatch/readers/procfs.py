@@ -112,6 +112,15 @@ class Procfs:
             return None
         return int(target) if target.isdigit() else None
 
+    def boot_id(self) -> str | None:
+        """This boot's random id (<root>/sys/kernel/random/boot_id, random(4): a new UUID each boot, the same for every
+        reader until the next), None where it cannot be read."""
+        try:
+            text = _read(self.root / "sys" / "kernel" / "random" / "boot_id").strip()
+        except OSError:
+            return None
+        return text if 0 < len(text) <= 64 and text.isprintable() else None
+
     def boot_time(self) -> float | None:
         """The unix time the host booted (``btime`` of <root>/stat, proc(5)), None where it cannot be read."""
         try:

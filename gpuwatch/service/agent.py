@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -30,7 +31,9 @@ from gpuwatch.files.statedir import AgentLock
 from gpuwatch.files.statefile import KnownGpus, StateDirError, check_state_dir, last_write_ok
 from gpuwatch.judge.findings import gpu_health
 from gpuwatch.judge.gpu_verdict import health_document
+from gpuwatch.judge.held import remember
 from gpuwatch.probe.runner import ProbeRunner
+from gpuwatch.readers.procfs import Procfs
 from gpuwatch.service.scheduling import Collectors
 from gpuwatch.service.sdnotify import ServiceNotifier
 from gpuwatch.service.signal_inbox import SignalInbox
@@ -41,6 +44,7 @@ from gpuwatch.service.startup import (
     poll_health,
     watchdog_problem,
 )
+from gpuwatch.state.ledger import FaultLedger, Records
 from gpuwatch.state.store import STALE_AFTER_POLLS, SampleStore, StoreSnapshot
 from gpuwatch.web.server import HttpServer, make_app
 
@@ -72,6 +76,10 @@ class Agent:
         self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
         self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts)
         self._known = KnownGpus(config.state_dir)
+        self._ledger = FaultLedger(config.state_dir)  # faults held until repaired (gpuwatch.judge.held)
+        procfs = sources.procfs or Procfs(Path("/proc"))  # boot_id is the host's in any PID namespace
+        boot_time = procfs.boot_time()
+        self._boot = (procfs.boot_id() or f"btime-{boot_time or 0:.0f}", boot_time)
         self._state_lock = AgentLock(config.state_dir)  # one agent per state dir (gpuwatch.files.statedir)
         self._state_writable: bool | None = None  # None before start; False while state is kept in memory
         self._state_retry_at = float("-inf")  # monotonic: the next write test while the state dir takes no writes
@@ -114,6 +122,7 @@ class Agent:
         self.store.set_state_dir_writable(writable)
         self._state_retry_at = self._monotonic() + STATE_DIR_RETRY_SECONDS
         self.store.add_known(self._known.load().values())
+        self.store.set_ledger(self._ledger.view())  # a fault held before the restart is in the first scrape
         host, port = parse_listen(self.config.agent.listen)
         app, wrap_socket = self.app, None
         if self.config.agent.web_config:  # only then bcrypt, YAML and the TLS reloader are loaded (RSS)
@@ -213,9 +222,32 @@ class Agent:
         fed with the health, so a poll that hangs is a watchdog restart."""
         self._first_poll.set()
         self._known.remember(self.store.identities().values())
+        self._keep_ledger()
         self._watch_state_dir()
         memory = "; state dir takes no writes: state kept in memory only" if self._state_writable is False else ""
         self._notifier.poll_finished(f"polled {len(self.store.identities())} GPUs; health: {self.health()[1]}{memory}")
+
+    def _keep_ledger(self) -> None:
+        """The fault ledger brought up to date with this poll (a repair from the CLI read back by its file's change);
+        a failed write keeps it in memory, said once by the ledger."""
+        boot_id, boot_time = self._boot
+        snap = self.store.snapshot()
+        view = self._ledger.view()
+
+        def keep(records: Records) -> None:
+            remember(
+                records, snap, boot_id=boot_id, boot_time=boot_time, escalate_after=self.config.ledger.escalate_after
+            )
+
+        trial = Records(dict(view.gpus))
+        keep(trial)
+        if trial.changed:  # the file's lock is taken only for a change, not once a second
+            with contextlib.suppress(StateDirError), self._ledger.change() as records:
+                keep(records)
+            for note in records.notes:
+                log.warning("fault ledger: %s", note)
+            view = self._ledger.view()
+        self.store.set_ledger(view)
 
     def _watch_state_dir(self) -> None:
         """gpuwatch_state_dir_writable from the last state write; while writes fail (a full filesystem or quota), a

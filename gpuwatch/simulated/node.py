@@ -61,15 +61,17 @@ def simulated_sources(
         else []
     )
     launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time, node=node)
-    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, simulated_procfs(node))
+    procfs = simulated_procfs(node, sim.boot)
+    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs)
 
 
-def simulated_procfs(node: SimulatedNode) -> Procfs:
+def simulated_procfs(node: SimulatedNode, boot: int = 0) -> Procfs:
     """The node's GPU processes in a temporary procfs (Slurm jobs, pods, a container, a unit, a process), read as
-    the host's PID namespace; the view holds the directory for as long as it is used."""
+    the host's PID namespace, with the boot id of its `boot`-th boot; the view holds the directory for as long as
+    it is used."""
     from gpuwatch.simulated.procfs import SimulatedProcfs
 
-    sim = SimulatedProcfs(node)
+    sim = SimulatedProcfs(node, boot)
     return Procfs(sim.root, host_pids=True, keep=sim)
 
 

@@ -7,8 +7,10 @@ proc(5)); gpuwatch/readers/procfs.py reads them as it reads /proc.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import uuid
 import weakref
 from pathlib import Path
 
@@ -57,18 +59,28 @@ def stat_line(pid: int, comm: str, started_ticks: int) -> str:
     return f"{pid} ({comm}) {' '.join(fields)}\n"
 
 
+def boot_id(seed: int, boot: int) -> str:
+    """The simulated node's boot id for its `boot`-th boot: the same for every agent started on that boot, another
+    after a "reboot" (simulated.boot), formatted as the kernel's (a random UUID, random(4))."""
+    digest = hashlib.sha256(f"gpuwatch-sim-boot:{seed}:{boot}".encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
 class SimulatedProcfs:
     """A temporary procfs root with an entry for every GPU's compute process; removed with this object."""
 
-    def __init__(self, node: SimulatedNode) -> None:
+    def __init__(self, node: SimulatedNode, boot: int = 0) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="gpuwatch-simproc-")
         weakref.finalize(self, self._dir.cleanup)
         self.root = Path(self._dir.name)
         self._write_self()
         # The node booted an hour before it started, and its jobs a minute before that: every process the driver
         # lists started before the listing, as a real GPU process did.
-        boot = int(node.wall_time(0.0)) - _UPTIME_AT_START_S
-        (self.root / "stat").write_text(f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {boot}\nprocesses 1\n")
+        boot_time = int(node.wall_time(0.0)) - _UPTIME_AT_START_S
+        (self.root / "stat").write_text(f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {boot_time}\nprocesses 1\n")
+        random = self.root / "sys" / "kernel" / "random"
+        random.mkdir(parents=True)
+        (random / "boot_id").write_text(boot_id(node.seed, boot) + "\n")
         started_ticks = (_UPTIME_AT_START_S - 60) * CLOCK_TICKS
         for index in range(node.gpu_count):
             cgroup, uid, comm = _WORKLOADS[index % len(_WORKLOADS)]

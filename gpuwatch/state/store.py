@@ -23,6 +23,7 @@ from gpuwatch.core.model import (
     UnusableGpu,
 )
 from gpuwatch.core.xid import fold_xid
+from gpuwatch.state.ledger import LedgerView
 from gpuwatch.state.probebook import ProbeBook, ProbeView
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class StoreSnapshot:
     parts: dict[str, Any] = field(default_factory=dict)  # collector -> what it stored (its module's own type)
     stuck_calls: tuple[StuckCall, ...] = ()  # vendor calls a poll hangs in (VendorCollectors.stuck_calls)
     state_dir_writable: bool | None = None  # False: state files cannot be written (full disk), state kept in memory
+    ledger: LedgerView = field(default_factory=LedgerView)  # the faults held until repaired (gpuwatch.state.ledger)
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -109,6 +111,7 @@ class SampleStore:
         self._host: dict[str, tuple[HostSample, float]] = {}
         self._parts: dict[str, Any] = {}  # collector -> its last run's result
         self._state_dir_writable: bool | None = None  # None: not known (an agent sets it at start)
+        self._ledger = LedgerView()
 
     @property
     def poll_interval_seconds(self) -> float:
@@ -297,12 +300,18 @@ class SampleStore:
                 parts=dict(self._parts),
                 stuck_calls=self._stuck_calls,
                 state_dir_writable=self._state_dir_writable,
+                ledger=self._ledger,
             )
 
     def set_state_dir_writable(self, writable: bool) -> None:
         """Whether the state dir takes writes now (False: the agent keeps its state in memory)."""
         with self._lock:
             self._state_dir_writable = writable
+
+    def set_ledger(self, ledger: LedgerView) -> None:
+        """The fault ledger as the agent last read or changed it."""
+        with self._lock:
+            self._ledger = ledger
 
     def set_stuck_calls(self, calls: tuple[StuckCall, ...]) -> None:
         """The vendor calls a poll hangs in now (none once it returns)."""
