@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -26,6 +27,7 @@ from gpuwatch.judge.gpu_verdict import verdict_of
 from gpuwatch.judge.verdict import Finding, judge_gpu, judge_host, judge_rail, rail_limit
 from gpuwatch.service.nodes import build_sources
 from gpuwatch.service.real_node import amd_versions
+from gpuwatch.state.ledger import LedgerView, read_ledger
 
 DISTRIBUTION = "gpuwatch-agent"  # what pip installs; PyPI's "gpuwatch" is an unrelated project
 
@@ -95,13 +97,14 @@ def snapshot(config: Config, *, as_json: bool) -> int:
     sources = build_sources(config)  # once: a simulated node's GPUs and host sensors are the same node
     readings, problems = _read_all(sources.slots)
     host, host_problems = read_host(sources.host)  # rails, supplies, temperatures, fans
+    ledger = read_ledger(config.state_dir)  # faults held until repaired; read only, a bad file left as it is
     if as_json:
-        document = {"gpus": [_reading_json(r, config) for r in readings], "backend_errors": problems}
+        document = {"gpus": [_reading_json(r, config, ledger) for r in readings], "backend_errors": problems}
         print(json.dumps({**document, "host": host_json(host), "host_errors": host_problems}, indent=2))
     else:
         expected = {v: n for v in ("nvidia", "amd") if (n := _expected(config, sources, v))}
         paint = Paint.for_stdout()
-        print_gpus(readings, problems, expected, config.gpus.power_limit_watts, paint)
+        print_gpus(readings, problems, expected, config.gpus.power_limit_watts, paint, ledger)
         print_host(host, host_problems, paint)
     return EXIT_OK if not problems else EXIT_UNAVAILABLE
 
@@ -153,8 +156,11 @@ def print_gpus(
     expected: dict[str, int],
     configured_limit: float | None,
     paint: Paint,
+    ledger: LedgerView | None = None,
 ) -> None:
-    """A row per GPU with its readings against its limits and a verdict; each finding under it, with what to do."""
+    """A row per GPU with its readings against its limits and a verdict; each finding and each fault the ledger
+    holds under it, with what to do."""
+    ledger = ledger or LedgerView()
     for name, message in problems.items():
         print(paint("bad", f"{name}: unavailable: {message}"))
         print(f"    what to do: check the driver (nvidia-smi / amd-smi, dmesg) · {runbook_reference('GpuBackendDown')}")
@@ -235,13 +241,17 @@ def print_gpus(
             cells += [_pad("no readings", 9 + 9 + 11 + 11 + 5 + 13 + 10, paint)]
         cells.append(paint(worst, verdict))
         print("  ".join(cells))
-        state, action, _ = verdict_of(findings, _recovery_action(reading))
+        held = ledger.open_faults(ident.uuid)
+        state, action, _ = verdict_of(findings, _recovery_action(reading), held, time.time())
         if state != "healthy" or action != "none":
             print(f"     verdict: {paint(worst, state)}, action {action} (docs/verdicts.md)")
         for f in findings:
             if f.attention:
                 print(f"     {paint(f.level, '!')} {f.text}")
                 print(f"       what to do: {f.remedy} · {runbook_reference(f.alert)}")
+        for fault in held:
+            print(f"     {paint('bad', '!')} held until repaired: {fault.key} -> {fault.action}: {fault.evidence}")
+            print(f"       once mended: gpuwatch repair --gpu {ident.index} --note '...'")
 
 
 def print_host(samples: list[HostSample], problems: dict[str, str], paint: Paint) -> None:
@@ -305,7 +315,7 @@ def _volts(value: float | None) -> str:
     return "-" if value is None else f"{abs(value):.3f}"
 
 
-def _reading_json(reading: GpuReading, config: Config) -> dict[str, Any]:
+def _reading_json(reading: GpuReading, config: Config, ledger: LedgerView) -> dict[str, Any]:
     sample = None
     if reading.sample is not None:
         sample = {key: _jsonable(value) for key, value in dataclasses.asdict(reading.sample).items()}
@@ -313,7 +323,8 @@ def _reading_json(reading: GpuReading, config: Config) -> dict[str, Any]:
     findings = [
         {"level": f.level, "alert": f.alert, "text": f.text, "remedy": f.remedy, "runbook": f.runbook} for f in judged
     ]
-    state, action, evidence = verdict_of(judged, _recovery_action(reading))
+    held = ledger.open_faults(reading.identity.uuid)
+    state, action, evidence = verdict_of(judged, _recovery_action(reading), held, time.time())
     return {
         "identity": dataclasses.asdict(reading.identity),
         "sample": sample,

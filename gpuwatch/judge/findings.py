@@ -34,13 +34,30 @@ class GpuView:
     snap: StoreSnapshot
 
 
+def xid_key(code: int) -> str:
+    """An XID's name as a signal ("XID 79"; "XID other" for a code the driver did not give): the fault ledger's key."""
+    return "XID other" if code < 0 else f"XID {code}"
+
+
+def unrepaired_xids(view: GpuView) -> list[tuple[int, int, float]]:
+    """(code, count, last unix time) of the GPU's XIDs, less those a repair came after: `gpuwatch repair` says the
+    GPU was mended since, so an XID 79 before it no longer speaks for the GPU, even within the rules' window."""
+    record = view.snap.ledger.record(view.identity.uuid)
+    out = []
+    for (uuid, code), count in view.snap.xids.items():
+        if uuid != view.identity.uuid:
+            continue
+        last = record.last(xid_key(code)) if record is not None else None
+        if last is not None and last.closed is not None and count.last_timestamp <= last.closed.time:
+            continue
+        out.append((code, count.total, count.last_timestamp))
+    return out
+
+
 def health_flags(view: GpuView) -> list[Finding]:
     """What is wrong with this GPU, worst first (info findings last); empty when healthy and without recent XIDs."""
     s = view.sample
-    xids = judge_xids(
-        ((code, c.total, c.last_timestamp) for (uuid, code), c in view.snap.xids.items() if uuid == view.identity.uuid),
-        view.snap.now,
-    )
+    xids = judge_xids(unrepaired_xids(view), view.snap.now)
     if s is None and (call := frozen_by(view.snap, view.identity.uuid)) is not None:
         return [_not_readable(view, call), *xids]
     if s is None:

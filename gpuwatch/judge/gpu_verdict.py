@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 from gpuwatch.core.model import UnusableGpu
 from gpuwatch.core.thresholds import xid_meaning
 from gpuwatch.core.xid_catalogue import CATALOGUE_DATE, immediate_action
-from gpuwatch.judge.findings import GpuView, gpu_health, health_flags, node_findings, views
+from gpuwatch.judge.findings import GpuView, gpu_health, health_flags, node_findings, unrepaired_xids, views, xid_key
 from gpuwatch.judge.verdict import Finding, Level, ago, recent_xids
 from gpuwatch.state.ledger import HELD_ACTIONS, Fault
 from gpuwatch.state.store import StoreSnapshot
@@ -112,6 +112,9 @@ _HELD_WHILE_DEGRADED = frozenset(
         "GpuInforomCorrupted",
     }
 )
+# A vendor call that hangs says the readings stopped, not yet what is wrong: once it returns the GPU is judged by what
+# it reads (an XID 79 or a lost GPU that follows a hang is held on its own).
+_NEVER_HELD = frozenset({"GpuwatchVendorCallHung"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +179,23 @@ def finding_step(finding: Finding, recovery_action: int | None = None, at: float
     else:
         action, part = _ACTION_OF_ALERT.get(finding.alert, ("reset_gpu" if finding.level == "bad" else "none", ""))
     inspect = f", inspect the {part}" if part else ""
-    holds = action in HELD_ACTIONS and (state == "unhealthy" or finding.alert in _HELD_WHILE_DEGRADED)
+    holds = (
+        action in HELD_ACTIONS
+        and (state == "unhealthy" or finding.alert in _HELD_WHILE_DEGRADED)
+        and finding.alert not in _NEVER_HELD
+    )
     return Step(state, action, f"{finding.alert}: {finding.text} -> {action}{inspect}", finding.alert, holds, at)
 
 
 def verdict_of(
-    findings: Iterable[Finding], recovery_action: int | None = None
+    findings: Iterable[Finding],
+    recovery_action: int | None = None,
+    held: Iterable[Fault] = (),
+    now: float = 0.0,
 ) -> tuple[State, Action, tuple[str, ...]]:
-    """The state, action and evidence of one GPU's findings alone (`gpuwatch snapshot`: one reading, no XID window
-    and no probe history)."""
-    return decide(s for f in findings if (s := finding_step(f, recovery_action)) is not None)
+    """The state, action and evidence of one GPU's findings and the faults the ledger holds for it (`gpuwatch
+    snapshot`: one reading, no XID window and no probe history)."""
+    return decide(with_held([s for f in findings if (s := finding_step(f, recovery_action)) is not None], held, now))
 
 
 def xid_step(code: int, total: int, age: float, cls: str, at: float = 0.0) -> Step:
@@ -193,17 +203,16 @@ def xid_step(code: int, total: int, age: float, cls: str, at: float = 0.0) -> St
     is its last event's unix time."""
     bucket = immediate_action(code) if code >= 0 else None
     action, part = _ACTION_OF_BUCKET.get(bucket or "", _UNLISTED_XID)
-    label = "other" if code < 0 else str(code)
     times = f" x{total}" if total > 1 else ""
     source = f"NVIDIA's catalogue ({CATALOGUE_DATE}): {bucket}" if bucket else "not in NVIDIA's catalogue"
     inspect = f", inspect the {part}" if part else ""
-    what, why = f"XID {label}{times} ({xid_meaning(code)})", f"{source} -> {action}{inspect}"
+    what, why = f"{xid_key(code)}{times} ({xid_meaning(code)})", f"{source} -> {action}{inspect}"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at)) if at else "earlier"
     return Step(
         _STATE_OF_XID_CLASS[cls],
         action,
         f"{what} {ago(age)} ago; {why}",
-        f"XID {label}",
+        xid_key(code),
         action in HELD_ACTIONS,
         at,
         f"{what} at {when}; {why}",
@@ -225,11 +234,11 @@ def unusable_step(gpu: UnusableGpu) -> Step:
 def live_steps(view: GpuView) -> list[Step]:
     """What the GPU's signals ask for now: its findings (XIDs judged apart, by their codes) and its XIDs within
     the rules' window."""
-    snap, uuid = view.snap, view.identity.uuid
+    snap = view.snap
     recovery = view.sample.recovery_action if view.sample is not None else None
     flags = [f for f in health_flags(view) if f.alert not in ("GpuXidCritical", "GpuXidWarning")]
     steps = [s for f in flags if (s := finding_step(f, recovery, snap.now)) is not None]
-    xids = ((code, c.total, c.last_timestamp) for (u, code), c in snap.xids.items() if u == uuid)
+    xids = unrepaired_xids(view)
     steps += [
         xid_step(code, total, snap.now - last, cls, last) for code, total, last, cls in recent_xids(xids, snap.now)
     ]
@@ -248,16 +257,23 @@ def held_step(fault: Fault, now: float, live: Step | None = None) -> Step:
     )
 
 
+def with_held(steps: list[Step], held: Iterable[Fault], now: float) -> list[Step]:
+    """The live steps and the held faults, one step per signal: a held fault that also shows now takes the live
+    step's place (its action may be escalated)."""
+    out = list(steps)
+    for fault in held:
+        live = next((s for s in out if s.key == fault.key), None)
+        if live is not None:
+            out.remove(live)
+        out.append(held_step(fault, now, live))
+    return out
+
+
 def view_verdict(view: GpuView) -> GpuVerdict:
     """One GPU's verdict: what its signals ask for now, and the faults the ledger holds for it (one evidence line
     for a fault both held and showing)."""
     snap, uuid = view.snap, view.identity.uuid
-    steps = live_steps(view)
-    for fault in snap.ledger.open_faults(uuid):
-        live = next((s for s in steps if s.key == fault.key), None)
-        if live is not None:
-            steps.remove(live)
-        steps.append(held_step(fault, snap.now, live))
+    steps = with_held(live_steps(view), snap.ledger.open_faults(uuid), snap.now)
     return GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps))
 
 

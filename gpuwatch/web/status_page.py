@@ -85,8 +85,39 @@ def _relative(path: str) -> str:
 
 def _health_cell(v: GpuView) -> str:
     flags = health_flags(v)
-    ok = "" if any(f.attention for f in flags) else '<span class="flag ok">ok</span>'
-    return _verdict_html(v) + ok + "".join(_finding_html(f) for f in flags)
+    held = v.snap.ledger.open_faults(v.identity.uuid)
+    ok = "" if held or any(f.attention for f in flags) else '<span class="flag ok">ok</span>'
+    return _verdict_html(v) + ok + "".join(_finding_html(f) for f in flags) + _ledger_html(v)
+
+
+def _ledger_html(v: GpuView) -> str:
+    """The GPU's faults held until repaired, each with how to say it is mended, and its last closed fault."""
+    record = v.snap.ledger.record(v.identity.uuid)
+    if record is None:
+        return ""
+    out = []
+    for fault in record.open_faults:
+        escalated = f", came back {fault.returns}x: escalated from {fault.base_action}" if fault.returns else ""
+        out.append(
+            f'<span class="flag {"bad" if fault.state == "unhealthy" else "warn"}">held until repaired: '
+            f"{html.escape(fault.key)} -> <b>{fault.action}</b> (since {ago(v.snap.now - fault.opened)} ago"
+            f"{escalated})</span>"
+            f'<span class="todo">{html.escape(fault.evidence)} · once mended: <code>gpuwatch repair --gpu '
+            f"{v.identity.index} --note '…'</code></span>"
+        )
+    closed = [f for f in record.faults if f.closed is not None]
+    if closed:
+        last = closed[-1]
+        assert last.closed is not None
+        how = (
+            f"repaired by {last.closed.by}" if last.closed.how == "repair" else "closed by a clean probe after a reboot"
+        )
+        out.append(
+            f'<span class="todo">ledger: {len(closed)} closed fault{"s" if len(closed) != 1 else ""}; last '
+            f"{html.escape(last.key)}, {html.escape(how)} {ago(v.snap.now - last.closed.time)} ago: "
+            f"{html.escape(last.closed.note)}</span>"
+        )
+    return "".join(out)
 
 
 def _verdict_html(v: GpuView) -> str:
