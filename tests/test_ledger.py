@@ -265,6 +265,8 @@ def test_a_card_moved_to_another_slot_keeps_its_history_and_a_new_card_starts_cl
 def test_repair_says_what_is_wrong_with_its_input(state: Path, agents: list[Agent]) -> None:
     first, gpu = _held_xid(agents, state)
     first.stop()
+    check = _gpuwatch("check", "--backend", "simulated", "--state-dir", str(state), "--listen", "127.0.0.1:0")
+    assert f"[warn] fault ledger: GPU {GPU} ({gpu['uuid']}): XID 79 held -> reboot_node" in check.stdout, check.stdout
     empty = _repair(state, str(GPU), "  ")
     assert empty.returncode == 2 and "--note is empty" in empty.stderr
     unknown = _repair(state, "7", "done")

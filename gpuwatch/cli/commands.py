@@ -397,9 +397,8 @@ def check(config: Config) -> int:
             "only",
             "on a GPU node, check lspci and the driver; to try gpuwatch without a GPU: --backend simulated",
         )
-    report.result(
-        *_check_state_dir(config), "create it, writable for the agent's user, or choose another with --state-dir PATH"
-    )
+    state_dir = _check_state_dir(config)
+    report.result(*state_dir, "create it, writable for the agent's user, or choose another with --state-dir PATH")
     full = space_problem(config.state_dir)
     if full is not None:
         report.line(
@@ -409,6 +408,8 @@ def check(config: Config) -> int:
             f"free space on its filesystem (df -h {config.state_dir}; df -i for inodes); the agent then writes its "
             "state again by itself",
         )
+    if state_dir[0]:
+        _check_ledger(config, report)
     report.result(*_check_port(config), "stop what listens there (ss -ltnp) or choose another --listen HOST:PORT")
     web_config_ok = _check_web_config(config, report)
     for _collector, line in check_lines(config, sources):
@@ -437,6 +438,21 @@ def _check_web_config(config: Config, report: CheckReport) -> bool:
     users = f"basic auth for {len(web.users)} user(s)" if web.users else "no basic auth"
     report.line("ok", f"web config {path}", f"{tls}, {users}")
     return True
+
+
+def _check_ledger(config: Config, report: CheckReport) -> None:
+    """The faults the ledger holds until repaired (a warning: the node stays out of service until then)."""
+    view = read_ledger(config.state_dir)
+    held = [(r, f) for r in sorted(view.gpus.values(), key=lambda r: r.index) for f in r.open_faults]
+    if not held:
+        report.line("ok", "fault ledger", "no fault held")
+        return
+    report.line(
+        "warn",
+        "fault ledger",
+        "; ".join(f"GPU {r.index} ({r.uuid}): {f.key} held -> {f.action}" for r, f in held),
+        "act on each, then: gpuwatch repair --gpu INDEX --note WHAT-WAS-DONE (docs/verdicts.md)",
+    )
 
 
 def _check_state_dir(config: Config) -> tuple[bool, str, str]:
