@@ -92,6 +92,22 @@ def fleet_overview() -> dict[str, Any]:
         h=7,
         sort_by="severity",
     )
+    verdicts = (
+        f'max by (node, instance, gpu, uuid, state) (gpuwatch_gpu_health{{{s}}} == 1) * on(instance, uuid) '
+        f'group_left(action) max by (instance, uuid, action) '
+        f'(gpuwatch_gpu_recommended_action{{action!~"none|restart_app", {s}}} == 1)'
+    )
+    b.table(
+        "GPUs that need an action",
+        "Each GPU whose verdict (docs/verdicts.md) asks for more than restarting the application: its state and the "
+        "one recommended action (reset_gpu, reboot_node, inspect_hardware, replace_gpu). A fault held in the node's "
+        "fault ledger stays here until `gpuwatch repair` (or, for a reset or reboot, a clean probe after a reboot).",
+        "none",
+        [Q(verdicts, table=True)],
+        hide=("Time", "__name__", "job", "Value"),
+        h=6,
+        sort_by="node",
+    )
 
     b.row("Every GPU")
     headroom = (

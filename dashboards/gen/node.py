@@ -76,6 +76,23 @@ def node_detail() -> dict[str, Any]:
         h=7,
         sort_by="gpu",
     )
+    b.table(
+        "Verdict per GPU",
+        "Each GPU's verdict (docs/verdicts.md): its state (healthy, degraded, unhealthy) and the one recommended "
+        "action. A fault held in the fault ledger stays until `gpuwatch repair`; the status page and /health/gpus "
+        "give the evidence.",
+        "none",
+        [
+            Q(
+                f"max by (instance, gpu, uuid, state) (gpuwatch_gpu_health{{{s}}} == 1) * on(instance, uuid) "
+                f"group_left(action) max by (instance, uuid, action) (gpuwatch_gpu_recommended_action{{{s}}} == 1)",
+                table=True,
+            )
+        ],
+        hide=("Time", "Value"),
+        h=6,
+        sort_by="gpu",
+    )
 
     b.row("Thermal")
     b.timeseries(
