@@ -150,7 +150,7 @@ def health(config: Config, url: str | None, as_json: bool) -> int:
         print(f"gpuwatch health: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        document = fetch(target)
+        document = _fetch_within(target, TIMEOUT_SECONDS)
     except CannotTell as exc:
         print(f"gpuwatch health: cannot tell: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -181,10 +181,11 @@ def _severity(gpu: dict[str, Any]) -> tuple[int, int, int]:
 
 def npd_message(document: dict[str, Any]) -> str:
     """The node condition's message: the GPU that needs the most, its action (its state when it has none) and its
-    first evidence, with how many more GPUs need something; or the node's first problem; or how many GPUs are fine."""
+    first evidence, with how many more GPUs need something; or the node's first problem; when healthy, /health/gpus's
+    own plain answer (a GPU may still ask for restart_app then: that is the application's, not the node's)."""
     gpus = [g for g in document["gpus"] if isinstance(g, dict)]
     if document["healthy"]:
-        return fit(f"{len(gpus)} GPUs healthy, none needs action")
+        return fit(f"ok: {len(gpus)} GPUs healthy")
     needing = sorted((g for g in gpus if g.get("action") != "none" or g.get("state") != "healthy"), key=_severity)
     if needing:
         worst = needing[0]
