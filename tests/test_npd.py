@@ -166,8 +166,8 @@ def test_the_config_passes_npds_validation(npd: Npd) -> None:
     assert go_duration(config["pluginConfig"].get("invoke_interval", "30s")) > 0  # 94, 144
     for rule in config["rules"]:
         assert rule["type"] in ("temporary", "permanent")  # pkg/types/types.go:97-102
-        if "invoke_interval" in rule:
-            assert go_duration(rule["invoke_interval"]) > 0  # 149
+        # A rule's own invoke_interval came after NPD v1.36.0 (the component's), which would drop it without a word.
+        assert "invoke_interval" not in rule
         if "timeout" in rule:
             assert go_duration(rule["timeout"]) <= npd.global_timeout  # 152
         if rule["type"] == "permanent":
