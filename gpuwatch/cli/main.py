@@ -270,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:
-        if exc.code == EXIT_USAGE and "--npd" in (sys.argv[1:] if argv is None else argv):
+        words = list(sys.argv[1:] if argv is None else argv)
+        if exc.code == EXIT_USAGE and "health" in words and "--npd" in words:
             # argparse's exit 2 is NPD's Unknown already; the condition's message says why (argparse's words: stderr).
             print("cannot tell: bad usage of gpuwatch health --npd (NPD's log has the error)")
         raise
