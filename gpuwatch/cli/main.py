@@ -33,6 +33,10 @@ from gpuwatch.core.exitcodes import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     MEANINGS,
+    NPD_MAX_OUTPUT_LENGTH,
+    NPD_NON_OK,
+    NPD_OK,
+    NPD_UNKNOWN,
 )
 from gpuwatch.registry import COLLECTORS
 
@@ -157,7 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument(
         "--url", metavar="URL", help="the agent's base URL, http(s)://HOST:PORT (default: the configured --listen)"
     )
-    health.add_argument("--json", action="store_true", help="print the agent's JSON document instead of a summary")
+    answer = health.add_mutually_exclusive_group()
+    answer.add_argument("--json", action="store_true", help="print the agent's JSON document instead of a summary")
+    answer.add_argument(
+        "--npd",
+        action="store_true",
+        help=f"answer as a node-problem-detector custom plugin: exit {NPD_OK} OK (healthy), {NPD_NON_OK} NonOK (a GPU "
+        f"needs action), {NPD_UNKNOWN} Unknown (cannot tell, or bad usage), and one line of at most "
+        f"{NPD_MAX_OUTPUT_LENGTH} bytes (NPD's default max_output_length) naming the GPU, its action and its first "
+        "evidence: the node condition's message (docs/kubernetes.md)",
+    )
     health.add_argument("--config", type=Path)
     repair = sub.add_parser(
         "repair",
@@ -266,13 +279,25 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        words = list(sys.argv[1:] if argv is None else argv)
+        if exc.code == EXIT_USAGE and "health" in words and "--npd" in words:
+            # argparse's exit 2 is NPD's Unknown already; the condition's message says why (argparse's words: stderr).
+            print("cannot tell: bad usage of gpuwatch health --npd (NPD's log has the error)")
+        raise
     try:
         code = _dispatch(args)
         sys.stdout.flush()  # short output still sits in the buffer: a closed pipe must show here, not at exit
         return code
     except ConfigError as exc:
         print(f"gpuwatch: invalid configuration: {exc}", file=sys.stderr)
+        if getattr(args, "npd", False):
+            from gpuwatch.cli.health_command import fit
+
+            print(fit(f"cannot tell: invalid configuration: {exc}"))
+            return NPD_UNKNOWN
         return EXIT_CONFIG
     except BrokenPipeError:  # `gpuwatch snapshot | head`: the reader left; stop quietly, as other tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -323,9 +348,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return commands.snapshot(config, as_json=args.json) if args.command == "snapshot" else commands.check(config)
     if args.command == "health":
-        from gpuwatch.cli.health_command import health
+        from gpuwatch.cli.health_command import health, npd_health
 
-        return health(config, args.url, args.json)
+        return npd_health(config, args.url) if args.npd else health(config, args.url, args.json)
     if args.command == "repair":
         from gpuwatch.cli.repair_command import repair_gpu
 

@@ -29,3 +29,13 @@ MEANINGS: dict[int, str] = {
 WORKER_OK = 0
 WORKER_FAILED = 1
 WORKER_NO_ENGINE = 3  # no array library can run here: the runner counts skipped_unsupported, never failed
+
+# `gpuwatch health --npd`: node-problem-detector's custom plugin contract, which NPD reads instead of the statuses above
+# (its pkg/custompluginmonitor/types/types.go: OK 0, NonOK 1, Unknown 2; plugin/plugin.go maps every other status to
+# Unknown too). docs/kubernetes.md.
+NPD_OK = 0
+NPD_NON_OK = 1
+NPD_UNKNOWN = 2
+# NPD cuts a plugin's stdout at max_output_length bytes, 80 unless its config says otherwise (types/config.go:32; the
+# cut: plugin/plugin.go:335-338): --npd's one line fits it whole.
+NPD_MAX_OUTPUT_LENGTH = 80
