@@ -93,8 +93,8 @@ def fleet_overview() -> dict[str, Any]:
         sort_by="severity",
     )
     verdicts = (
-        f'max by (node, instance, gpu, uuid, state) (gpuwatch_gpu_health{{{s}}} == 1) * on(instance, uuid) '
-        f'group_left(action) max by (instance, uuid, action) '
+        f"max by (node, instance, gpu, uuid, state) (gpuwatch_gpu_health{{{s}}} == 1) * on(instance, uuid) "
+        f"group_left(action) max by (instance, uuid, action) "
         f'(gpuwatch_gpu_recommended_action{{action!~"none|restart_app", {s}}} == 1)'
     )
     b.table(
