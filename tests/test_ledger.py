@@ -116,7 +116,9 @@ def _faults(state: Path, uuid: str) -> list[dict[str, Any]]:
 
 
 def _needing_action(gpu: dict[str, Any]) -> dict[str, Any] | None:
-    return gpu if gpu["action"] not in ("none", "restart_app") else None
+    """The GPU once its fault is in the ledger (the verdict of the poll before the ledger's update is live only)."""
+    held = any("held until repaired" in line for line in gpu["evidence"])
+    return gpu if held and gpu["action"] not in ("none", "restart_app") else None
 
 
 def _held_xid(agents: list[Agent], state: Path, **kwargs: Any) -> tuple[Agent, dict[str, Any]]:

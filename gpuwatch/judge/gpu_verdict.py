@@ -262,10 +262,11 @@ def with_held(steps: list[Step], held: Iterable[Fault], now: float) -> list[Step
     step's place (its action may be escalated)."""
     out = list(steps)
     for fault in held:
-        live = next((s for s in out if s.key == fault.key), None)
-        if live is not None:
-            out.remove(live)
-        out.append(held_step(fault, now, live))
+        at = next((i for i, s in enumerate(out) if s.key == fault.key), None)
+        if at is None:
+            out.append(held_step(fault, now))
+        else:
+            out[at] = held_step(fault, now, out[at])  # in its place: the evidence keeps its order
     return out
 
 
