@@ -186,6 +186,25 @@ def test_the_same_fault_after_two_repairs_escalates(state: Path, agents: list[Ag
     assert [f["closed"]["note"] for f in faults] == ["round 0", "round 1", "round 2"]
 
 
+def test_a_fault_that_comes_back_through_reboots_escalates(state: Path, agents: list[Agent]) -> None:
+    """XID 79 in boot 0, again in boot 1 and boot 2 (never repaired): the reboots did not cure it, so the same open
+    fault counts each as a return, and after two it asks for inspect_hardware."""
+    actions = []
+    for boot in range(3):
+        agent, gpu = _held_xid(agents, state, boot=boot)
+        if boot:  # the fault is the old one, seen in a new boot: wait for the ledger's update of this poll
+            agent.until(
+                f"seen in boot {boot}",
+                lambda a=agent, b=boot, u=gpu["uuid"]: len(_faults(state, u)[0]["boots"]) == b + 1 and a.gpu(),
+            )
+            gpu = agent.gpu()
+        actions.append(gpu["action"])
+        agent.stop()
+    assert actions == ["reboot_node", "reboot_node", "inspect_hardware"]
+    (fault,) = _faults(state, gpu["uuid"])
+    assert fault["returns"] == 2 and fault["closed"] is None and len(set(fault["boots"])) == 3
+
+
 def test_a_reboot_and_a_clean_probe_close_a_fault_a_reboot_cures(state: Path, agents: list[Agent]) -> None:
     first, gpu = _held_xid(agents, state)
     first.stop()
