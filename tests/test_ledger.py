@@ -145,6 +145,8 @@ def test_an_xid_79_stays_after_a_restart_until_repaired_and_the_ledger_keeps_the
     held = next(g for g in document["gpus"] if g["index"] == GPU)
     assert (held["state"], held["action"]) == ("unhealthy", "reboot_node"), held
     assert any("XID 79" in line and "held until repaired" in line for line in held["evidence"]), held
+    (fault,) = held["held"]  # the same, machine-readable for a scheduler
+    assert (fault["fault"], fault["action"], fault["returns"]) == ("XID 79", "reboot_node", 0), fault
     others = [g for g in document["gpus"] if g["index"] != GPU]
     assert all((g["state"], g["action"]) == ("healthy", "none") for g in others), others
     assert agent.action_metric() == {a: float(a == "reboot_node") for a in agent.action_metric()}

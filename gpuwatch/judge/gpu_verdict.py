@@ -140,6 +140,7 @@ class GpuVerdict:
     state: State
     action: Action
     evidence: tuple[str, ...]
+    held: tuple[Fault, ...] = ()  # the faults the ledger holds for it until repaired
 
     @property
     def needs_action(self) -> bool:
@@ -154,6 +155,16 @@ class GpuVerdict:
             "state": self.state,
             "action": self.action,
             "evidence": list(self.evidence),
+            "held": [
+                {
+                    "fault": f.key,
+                    "action": f.action,
+                    "since": round(f.opened, 3),
+                    "returns": f.returns,
+                    "evidence": f.evidence,
+                }
+                for f in self.held
+            ],
         }
 
 
@@ -274,8 +285,9 @@ def view_verdict(view: GpuView) -> GpuVerdict:
     """One GPU's verdict: what its signals ask for now, and the faults the ledger holds for it (one evidence line
     for a fault both held and showing)."""
     snap, uuid = view.snap, view.identity.uuid
-    steps = with_held(live_steps(view), snap.ledger.open_faults(uuid), snap.now)
-    return GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps))
+    held = snap.ledger.open_faults(uuid)
+    steps = with_held(live_steps(view), held, snap.now)
+    return GpuVerdict(view.identity.index, uuid, view.identity.serial, *decide(steps), held)
 
 
 def gpu_verdicts(snap: StoreSnapshot) -> list[GpuVerdict]:
