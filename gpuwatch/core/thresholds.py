@@ -2,8 +2,8 @@
 
 One source for both: every ``gpuwatch:threshold:<name>`` recording rule of deploy/prometheus/gpuwatch-rules.yml is a
 key of ``THRESHOLDS`` with the same value, and the XID classes are the regexes of GpuXidCritical, GpuXidWarning and
-GpuXidNotice in deploy/prometheus/gpuwatch-alerts.yml; tests/test_thresholds.py fails when the two drift apart. Change a number in
-both places (the rules file is what Prometheus reads; this module is what a person at the node reads).
+GpuXidNotice in deploy/prometheus/gpuwatch-alerts.yml; tests/test_thresholds.py fails when the two drift apart. Change
+a number in both places (the rules file is what Prometheus reads; this module is what a person at the node reads).
 """
 
 from __future__ import annotations
