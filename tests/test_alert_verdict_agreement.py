@@ -93,7 +93,7 @@ def verdict_actions(alert: str) -> set[str]:
     if alert == "GpuCountBelowExpected":  # each GPU the library counts but cannot open
         return {unusable_step(UnusableGpu(3, "gpu_is_lost")).action}
     assert alert in table, f"{alert}: add it to gpu_verdict._ACTION_OF_ALERT (what it asks of a GPU) or NO_GPU_VERDICT"
-    actions = {table[alert][0]}
+    actions: set[str] = {table[alert][0]}
     if alert == "GpuwatchVendorCallHung":
         actions.add("none")  # the node's other GPUs, frozen by the call
     return actions
