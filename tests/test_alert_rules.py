@@ -93,9 +93,11 @@ STATE_ALERTS = {
     "GpuwatchStateDirNotWritable",
     "GpuBackendDown",
     "HostPsuRedundancyLost",
+    "GpuActionRequired",  # the verdict's state and action
+    "GpuActionRecommended",
 }
 # Events (an XID, an SXID, a failed run): the value is how long ago; there is no limit to compare with.
-EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}
+EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "GpuXidNotice", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}
 # Alerts whose limit is "none at all": their summaries say so in words, not as "limit 0".
 NO_LIMIT_ALERTS = {"GpuPowerBrakeSlowdown": "which a healthy node never applies"}
 MODEL_LOOKUP = (
@@ -169,9 +171,10 @@ def _codes(*spans: int | tuple[int, int]) -> set[str]:
 RESTART_APP = _codes(8, 11, 13, 25, 31, 32, (39, 41), 60, 68, (69, 72), (75, 77), 80, (82, 86), 88, 89, 94, (96, 105))
 RESTART_APP |= _codes((126, 135), 139)
 IGNORE = _codes(14, 37, 38, 43, 44, 63, 66, 67, 92, 93, (106, 108), 121, 137, 141, 152, 153, 157, 160, 161)
-# 45 (WORKFLOW_XID_45, "Solo: RESTART_FM / Not Solo: IGNORE (follow other Xid)") is held out of the deny-list and
-# raised alone by a second arm of GpuXidWarning (its promtool cases).
-APPLICATION_XIDS = RESTART_APP | IGNORE | {"45"}
+APPLICATION_XIDS = RESTART_APP | IGNORE
+# CHECK_UVM (159), and 45 (WORKFLOW_XID_45, "Solo: RESTART_FM / Not Solo: IGNORE (follow other Xid)") when it comes
+# alone (GpuXidNotice's second arm; its promtool cases): the verdict's restart_app, a notice.
+NOTICE_XIDS = {"159", "45"}
 # RESET_GPU, RESTART_BM (79), RESTART_VM (151), CHECK_MECHANICALS (54), WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR (74),
 # WORKFLOW_NVLINK5_ERR (144-150); and by gpuwatch's decision 61, 167 and 169 (gpuwatch/core/thresholds.py says why).
 RESET_OR_REBOOT_XIDS = _codes(46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, (144, 151))
@@ -188,22 +191,23 @@ def _xid_matcher(expr: str) -> tuple[str, str]:
 
 def test_every_xid_but_the_application_ones_alerts_exactly_once() -> None:
     """A deny-list, not an allow-list: every code the kernel-log reader can export (1-999, and "other" for the rest)
-    raises exactly one of GpuXidCritical and GpuXidWarning, except the catalogue's RESTART_APP and IGNORE codes,
-    which raise neither; the codes NVIDIA resets or reboots for are critical, and every other (a CONTACT_SUPPORT, a
-    code without a bucket, one past the catalogue) is a warning."""
+    raises exactly one of GpuXidCritical, GpuXidWarning and GpuXidNotice, except the catalogue's RESTART_APP and
+    IGNORE codes, which raise none; the codes NVIDIA resets or reboots for are critical, CHECK_UVM and 45 (alone) a
+    notice, and every other (a CONTACT_SUPPORT, a code without a bucket, one past the catalogue) is a warning."""
     import re
 
     rules = {r["alert"]: r for r in shipped_alert_rules()}
     (crit_op, crit), (warn_op, warn) = (_xid_matcher(rules[n]["expr"]) for n in ("GpuXidCritical", "GpuXidWarning"))
     assert (crit_op, warn_op) == ("=~", "!~"), "GpuXidWarning must select by exclusion"
+    notice = set(re.findall(r'xid="([0-9]+)"', rules["GpuXidNotice"]["expr"]))
     silent = set()
     for xid in [str(code) for code in range(1, 1000)] + ["other"]:
-        critical = re.fullmatch(crit, xid) is not None
-        warning = re.fullmatch(warn, xid) is None
-        assert not (critical and warning), f"XID {xid} raises both alerts"
-        if not (critical or warning):
+        raised = [re.fullmatch(crit, xid) is not None, re.fullmatch(warn, xid) is None, xid in notice]
+        assert sum(raised) <= 1, f"XID {xid} raises more than one alert"
+        if not any(raised):
             silent.add(xid)
     assert silent == APPLICATION_XIDS
+    assert notice == NOTICE_XIDS
     critical_codes = {xid for xid in [str(code) for code in range(1, 1000)] if re.fullmatch(crit, xid)}
     assert critical_codes == RESET_OR_REBOOT_XIDS
     assert not any(re.fullmatch(crit, xid) for xid in ("78", "154", "159", "173", "other"))

@@ -269,7 +269,8 @@ XID_CASES = [
     (119, "RESET_GPU", "unhealthy", "reset_gpu"),  # GSP RPC timeout
     (151, "RESTART_VM", "unhealthy", "reboot_node"),
     (154, "XID_154", "degraded", "reset_gpu"),  # recovery action changed
-    (45, "WORKFLOW_XID_45", "degraded", "restart_app"),  # alone: cleanup after an earlier error
+    (45, "WORKFLOW_XID_45", "healthy", "restart_app"),  # alone: cleanup after an earlier error (a notice)
+    (159, "CHECK_UVM", "healthy", "restart_app"),  # the application's unified memory (a notice)
 ]
 
 

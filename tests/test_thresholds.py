@@ -17,7 +17,8 @@ from gpuwatch.core.thresholds import (
     THRESHOLDS,
     XID_APPLICATION,
     XID_CRITICAL,
-    XID_SOLO_WARNING,
+    XID_NOTICE,
+    XID_SOLO_NOTICE,
     runbook_url,
     xid_class,
 )
@@ -46,13 +47,16 @@ def test_xid_classes_are_the_alerts_regexes() -> None:
     warning = re.search(r'xid!~"([0-9|]+)"', str(alerts["GpuXidWarning"]["expr"]))
     assert critical and warning
     assert {int(c) for c in critical.group(1).split("|")} == XID_CRITICAL
-    assert {int(c) for c in warning.group(1).split("|")} == XID_CRITICAL | XID_APPLICATION | {XID_SOLO_WARNING}
-    assert 'xid="45"' in str(alerts["GpuXidWarning"]["expr"])  # its arm for 45 alone
+    excluded = XID_CRITICAL | XID_APPLICATION | XID_NOTICE | {XID_SOLO_NOTICE}
+    assert {int(c) for c in warning.group(1).split("|")} == excluded
+    notice = {int(c) for c in re.findall(r'xid="([0-9]+)"', str(alerts["GpuXidNotice"]["expr"]))}
+    assert notice == XID_NOTICE | {XID_SOLO_NOTICE} == {159, 45}  # 45 by its arm for 45 alone
     # The catalogue (gpuwatch/core/xid_catalogue.py, 2025-10-29): 13 RESTART_APP, 63 IGNORE, 79 RESTART_BM, 151
-    # RESTART_VM, 78 UPDATE_SWFW; 173 is past its last code (172); -1 is xid="other".
-    codes = (13, 63, 79, 151, 78, 173, -1)
-    assert [xid_class(c) for c in codes] == ["application", "application", *["critical"] * 2, *["warning"] * 3]
-    assert (xid_class(45), xid_class(45, alone=False)) == ("warning", "application")
+    # RESTART_VM, 78 UPDATE_SWFW, 159 CHECK_UVM; 173 is past its last code (172); -1 is xid="other".
+    codes = (13, 63, 79, 151, 78, 173, -1, 159)
+    expected = ["application", "application", *["critical"] * 2, *["warning"] * 3, "notice"]
+    assert [xid_class(c) for c in codes] == expected
+    assert (xid_class(45), xid_class(45, alone=False)) == ("notice", "application")
 
 
 def test_the_catalogue_is_the_one_recorded() -> None:

@@ -1,9 +1,9 @@
 """The numbers the alert rules page on, for the agent's own judgements (status page, snapshot, /health/gpus).
 
 One source for both: every ``gpuwatch:threshold:<name>`` recording rule of deploy/prometheus/gpuwatch-rules.yml is a
-key of ``THRESHOLDS`` with the same value, and the XID classes are the regexes of GpuXidCritical and GpuXidWarning in
-deploy/prometheus/gpuwatch-alerts.yml; tests/test_thresholds.py fails when the two drift apart. Change a number in
-both places (the rules file is what Prometheus reads; this module is what a person at the node reads).
+key of ``THRESHOLDS`` with the same value, and the XID classes are the regexes of GpuXidCritical, GpuXidWarning and
+GpuXidNotice in deploy/prometheus/gpuwatch-alerts.yml; tests/test_thresholds.py fails when the two drift apart. Change
+a number in both places (the rules file is what Prometheus reads; this module is what a person at the node reads).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ __all__ = [
     "THRESHOLDS",
     "XID_APPLICATION",
     "XID_CRITICAL",
-    "XID_SOLO_WARNING",
+    "XID_NOTICE",
+    "XID_SOLO_NOTICE",
     "runbook_reference",
     "runbook_url",
     "threshold",
@@ -58,11 +59,13 @@ def threshold(name: str) -> float:
     return THRESHOLDS[name]
 
 
-# The XID classes of GpuXidCritical and GpuXidWarning, derived from NVIDIA's XID catalogue
+# The XID classes of GpuXidCritical, GpuXidWarning and GpuXidNotice, derived from NVIDIA's XID catalogue
 # (gpuwatch/core/xid_catalogue.py) by its "Resolution Bucket (Immediate Action)":
 # - application: RESTART_APP or IGNORE. The program's fault or nothing to do: no XID alert. 63 (row remap recorded),
 #   92 (high single-bit ECC rate) and 94 (contained ECC error) are among them; their hardware side pages through
 #   GpuRowRemapPending, GpuRowRemapFailure and GpuEccUncorrectable.
+# - notice: CHECK_UVM (the application's unified memory) and 45 alone. The GPU's verdict asks for restart_app at most
+#   (gpuwatch/judge/gpu_verdict.py), so the alert is a notice (severity info, docs/verdicts.md), never a page.
 # - critical: the GPU must be reset, the node or VM restarted, or a person must act on the hardware at once.
 # - warning: everything else, codes the catalogue does not list (yet) included, so no new code is ever silent.
 _CRITICAL_ACTIONS = frozenset(
@@ -77,6 +80,7 @@ _CRITICAL_ACTIONS = frozenset(
     }
 )
 _NO_ALERT_ACTIONS = frozenset({"RESTART_APP", "IGNORE"})
+_NOTICE_ACTIONS = frozenset({"CHECK_UVM"})
 # Codes the catalogue gives no immediate action that resets (or no action yet), decided here:
 _CRITICAL_BY_DECISION = {
     61: "PMU_BREAKPOINT: unused on Ampere and newer; the older GPUs' catalogue resets the GPU for it",
@@ -84,12 +88,14 @@ _CRITICAL_BY_DECISION = {
     169: "SEC2_HALT_ERROR: no bucket yet; 'Internal micro-controller halt', the description of 62 (RESET_GPU)",
 }
 # 45 (WORKFLOW_XID_45) is "preemptive cleanup, due to previous errors"; the catalogue's investigatory action reads
-# "Solo: RESTART_FM / Not Solo: IGNORE (follow other Xid)". GpuXidWarning raises it alone only: with another XID on
-# the GPU in the window, that XID's own class speaks for both.
-XID_SOLO_WARNING = 45
+# "Solo: RESTART_FM / Not Solo: IGNORE (follow other Xid)". Alone it is a notice (GpuXidNotice): most often the
+# cleanup after a killed or failed job, and the verdict's restart_app; with another XID on the GPU in the window,
+# that XID's own class speaks for both.
+XID_SOLO_NOTICE = 45
 XID_APPLICATION = frozenset(
     code for code, (_, _, action) in xid_catalogue.CATALOGUE.items() if action in _NO_ALERT_ACTIONS
 )
+XID_NOTICE = frozenset(code for code, (_, _, action) in xid_catalogue.CATALOGUE.items() if action in _NOTICE_ACTIONS)
 XID_CRITICAL = frozenset(
     {code for code, (_, _, action) in xid_catalogue.CATALOGUE.items() if action in _CRITICAL_ACTIONS}
     | set(_CRITICAL_BY_DECISION)
@@ -139,12 +145,14 @@ _XID_MEANINGS = {
 
 
 def xid_class(code: int, alone: bool = True) -> str:
-    """application, critical or warning: the alert an XID raises (application: none). `alone`: no other XID came
-    with it (45, the cleanup after another error, is a warning only then)."""
+    """application, notice, critical or warning: the alert an XID raises (application: none). `alone`: no other XID
+    came with it (45, the cleanup after another error, is a notice only then)."""
     if code in XID_APPLICATION:
         return "application"
-    if code == XID_SOLO_WARNING:
-        return "warning" if alone else "application"
+    if code == XID_SOLO_NOTICE:
+        return "notice" if alone else "application"
+    if code in XID_NOTICE:
+        return "notice"
     return "critical" if code in XID_CRITICAL else "warning"
 
 

@@ -50,7 +50,12 @@ Action = Literal["none", "restart_app", "reset_gpu", "reboot_node", "inspect_har
 ACTIONS: tuple[Action, ...] = get_args(Action)
 
 _STATE_OF_LEVEL: dict[Level, State] = {"bad": "unhealthy", "warn": "degraded", "info": "healthy"}
-_STATE_OF_XID_CLASS: dict[str, State] = {"critical": "unhealthy", "warning": "degraded", "application": "healthy"}
+_STATE_OF_XID_CLASS: dict[str, State] = {
+    "critical": "unhealthy",
+    "warning": "degraded",
+    "notice": "healthy",
+    "application": "healthy",
+}
 
 # What each alert's condition asks of the GPU (docs/verdicts.md), and for inspect_hardware what to inspect.
 _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
@@ -66,6 +71,12 @@ _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
     "GpuPowerCablesNotAttached": ("inspect_hardware", "power cables"),
     "GpuPowerLimitBelowDefault": ("none", ""),  # a setting: restore the limit
     "GpuPcieLinkDegraded": ("inspect_hardware", "seating (GPU, riser, slot)"),
+    # Rates over a window the agent does not keep: no finding of its own, the rules judge them (docs/verdicts.md).
+    "GpuPcieErrors": ("inspect_hardware", "seating (GPU, riser, slot)"),
+    "GpuPcieNonFatalErrors": ("inspect_hardware", "seating (GPU, riser, slot)"),
+    "GpuPcieFatalErrors": ("reboot_node", ""),
+    "GpuNvlinkErrors": ("reset_gpu", ""),
+    "GpuReset": ("none", ""),  # the reset happened; find out why
     "GpuEccUncorrectable": ("reset_gpu", ""),
     "GpuRowRemapPending": ("reset_gpu", ""),
     "GpuRowRemapFailure": ("replace_gpu", ""),

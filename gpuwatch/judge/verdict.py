@@ -146,7 +146,7 @@ def _throttle(s: GpuSample, out: list[Finding]) -> None:
     if "hw_slowdown" in active and not active & {"hw_thermal", "hw_power_brake"}:
         out.append(
             Finding(
-                "bad",
+                "warn",  # GpuHwSlowdown is a warning: the GPU computes, slower (docs/verdicts.md: degraded)
                 "GpuHwSlowdown",
                 "hardware slowdown (neither thermal nor power brake)",
                 "check power delivery and the GPU's board; reset the GPU, replace it if it persists",
@@ -321,7 +321,7 @@ def _board(s: GpuSample, out: list[Finding]) -> None:
 
 def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Finding]:
     """(code, count, last unix time) per XID code: a finding per code within the rules' XID window, worst first.
-    Application XIDs are listed (info) and page nobody, as in the rules."""
+    Application and notice XIDs are listed (info) and page nobody, as in the rules (GpuXidNotice is a notice)."""
     out = []
     for code, total, last, cls in recent_xids(xids, now):
         age = now - last
@@ -336,6 +336,15 @@ def judge_xids(xids: Iterable[tuple[int, int, float]], now: float) -> list[Findi
                 f"NVIDIA's catalogue: {action}" if action else "read it in dmesg; NVIDIA's catalogue names no action"
             )
             out.append(Finding("warn", "GpuXidWarning", text, f"{remedy}; drain the GPU when convenient"))
+        elif cls == "notice":
+            out.append(
+                Finding(
+                    "info",
+                    "GpuXidNotice",
+                    text,
+                    f"NVIDIA's catalogue: {immediate_action(code)}; restart the job if it failed: no action on the GPU",
+                )
+            )
         else:
             out.append(Finding("info", "GpuXidWarning", text, "an application's fault or none: no action on the GPU"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
