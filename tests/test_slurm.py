@@ -61,12 +61,13 @@ class Cluster:
         return done.stdout
 
     def node(self) -> tuple[str, str]:
-        """(State=..., Reason without its [user@time] stamp)."""
+        """(State=... less NOT_RESPONDING, Reason without its [user@time] stamp). slurmctld flags a node it has just
+        resumed NOT_RESPONDING until its next ping is answered: its ping state, not the drain these tests are about."""
         text = self.scontrol("show", "node", NODE)
         state = re.search(r"\bState=(\S+)", text)
         reason = re.search(r"^\s*Reason=(.*?)(?: \[[^\]]*@[^\]]*\])?$", text, re.M)
         assert state is not None, text
-        return state.group(1), reason.group(1) if reason else ""
+        return state.group(1).replace("+NOT_RESPONDING", ""), reason.group(1) if reason else ""
 
     def set_node(self, state: str, reason: str = "") -> None:
         self.scontrol("update", f"NodeName={NODE}", f"State={state}", *([f"Reason={reason}"] if reason else []))
@@ -75,12 +76,7 @@ class Cluster:
         """The node back to IDLE, with no reason, whatever a test left."""
         if "DRAIN" in self.node()[0] or "DOWN" in self.node()[0]:
             self.set_node("RESUME")
-        _until(lambda: self.node() == ("IDLE", ""), "the node back to IDLE and responding", 30)
-
-
-def _resumed(state: tuple[str, str]) -> bool:
-    """IDLE with no reason; slurmctld flags a resumed node NOT_RESPONDING until its next ping answers."""
-    return state[0] in ("IDLE", "IDLE+NOT_RESPONDING") and state[1] == ""
+        _until(lambda: self.node() == ("IDLE", ""), "the node back to IDLE", 30)
 
 
 def _until(ok: Any, what: str, seconds: float) -> None:
@@ -137,7 +133,8 @@ TaskPlugin=task/none
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-ReturnToService=2
+# 1: a node an admin set DOWN stays down (2 returns any DOWN node to service when its slurmd next registers)
+ReturnToService=1
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -315,7 +312,7 @@ def test_resume_only_its_own_drain_once_every_verdict_is_clean(node: Cluster, he
     node.set_node("DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
     done = _health_check(node, "--url", healthy_agent.url)
     assert done.returncode == 0, done.stderr
-    assert _resumed(node.node()), node.node()
+    assert node.node() == ("IDLE", ""), node.node()
     assert "resumed (was: gpuwatch: GPU 2 (GPU-x) reboot_node)" in done.stdout
 
     for state, reason in (("DRAIN", "admin: memory test"), ("DOWN", "admin: rack power work")):
@@ -326,7 +323,7 @@ def test_resume_only_its_own_drain_once_every_verdict_is_clean(node: Cluster, he
         assert node.node() == before and before[1] == reason, (state, node.node())
         assert "by someone else" in kept.stdout and "left alone" in kept.stdout
         node.set_node("RESUME")
-        _until(lambda: node.node() == ("IDLE", ""), "the node resumed and responding", 20)
+        _until(lambda: node.node() == ("IDLE", ""), "the node resumed", 20)
 
     # Healthy and not drained: nothing to do, and the node stays as it is.
     calm = _health_check(node, "--url", healthy_agent.url)
@@ -434,3 +431,93 @@ def test_the_epilog_probes_the_released_gpus_and_the_agent_takes_the_results(nod
     want = f"gpuwatch: GPU 2 ({gpu2['uuid']}) reset_gpu"
     assert f"{NODE}: drained: {want}" in said and re.search(r"^exit=0 ms=\d+$", said, re.M), said
     assert node.node() == ("IDLE+DRAIN", want), node.node()
+
+
+def _epilog(cluster: Cluster, agent: Agent, gpus: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gpuwatch slurm epilog` run as Slurm runs it, with the environment Slurm gives it (as the test above shows)."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "gpuwatch", "slurm", "epilog", "--url", agent.url, "--node", NODE),
+            *("--state-dir", str(agent.state_dir), "--backend", "simulated", "--scenario", "healthy", *args),
+        ],
+        env={**cluster.env, "SLURM_JOB_GPUS": gpus, "SLURM_JOB_ID": "77"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _workers_of(state_dir: Path) -> list[str]:
+    """The simulated probe workers still running for this agent's state dir."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"gpuwatch.simulated.probe_worker" in argv and any(str(state_dir).encode() in a for a in argv):
+            found.append(proc.name)
+    return found
+
+
+def test_the_epilog_kills_its_probe_at_the_budget_and_still_exits_0(node: Cluster, healthy_agent: Agent) -> None:
+    """A budget shorter than a probe: the workers are killed at its end (results `timeout`, which drain nothing), the
+    agent still gets them, and the epilog exits 0 in time; an unreachable agent or a malformed SLURM_JOB_GPUS is said
+    on stderr, never an exit status that would drain the node."""
+    _until(lambda: _document(healthy_agent.url)["healthy"], "a healthy agent", 30)
+    started = time.monotonic()
+    short = _epilog(node, healthy_agent, "4,5", "--budget", "1")  # the probe gets 0.6 s, opening the GPUs included
+    took = time.monotonic() - started
+    assert short.returncode == 0, short.stdout + short.stderr
+    assert took < 1 + 1.5, took
+    assert "job 77: probed GPU 4 timeout" in short.stdout and ", 5 timeout" in short.stdout, short.stdout
+    assert not _workers_of(healthy_agent.state_dir)
+    _until(lambda: not list(healthy_agent.state_dir.glob("probe-results-*")), "the agent to take the results", 5)
+    metrics = _text(healthy_agent.url + "/metrics")
+    assert (
+        _runs(metrics, "4", "timeout") == 1 and _runs(metrics, "5", "timeout") == 1 and _runs(metrics, "3", "ok") == 0
+    )
+    assert node.node() == ("IDLE", "")
+
+    gone = Agent(f"http://127.0.0.1:{free_port()}", healthy_agent.state_dir, healthy_agent.proc)
+    unreachable = _epilog(node, gone, "not-a-list", "--budget", "3")
+    assert unreachable.returncode == 0, unreachable.stderr
+    assert "SLURM_JOB_GPUS='not-a-list' is not a comma-separated list of GPU indices" in unreachable.stderr
+    assert "cannot reach the agent" in unreachable.stderr
+    bad = _epilog(node, healthy_agent, "1", "--budget", "0")
+    assert bad.returncode == 2 and "--budget 0 must be between" in bad.stderr, bad.stderr
+
+
+def _runs(metrics: str, gpu: str, result: str) -> float:
+    """gpuwatch_probe_runs_total of one GPU and result (0 when absent)."""
+    for line in metrics.splitlines():
+        if line.startswith("gpuwatch_probe_runs_total{") and f'gpu="{gpu}"' in line and f'result="{result}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def test_the_agent_takes_what_it_understands_and_moves_aside_what_it_does_not(healthy_agent: Agent) -> None:
+    """Hand-over files are state files: one that is not JSON is moved aside (the agent runs on), a GPU the agent
+    does not know is ignored, and a good one is recorded and removed."""
+    from gpuwatch.probe.handoff import hand_over
+    from gpuwatch.state.probebook import ProbeOutcome
+
+    uuid1 = _gpu(_document(healthy_agent.url), 1)["uuid"]
+    garbage = healthy_agent.state_dir / "probe-results-1-1.json"
+    garbage.write_text('{"kind": "probe_results", "version": 1, "outcomes": [{"uuid": 7}]}')
+    outcomes = [
+        ProbeOutcome(uuid1, 1, "skipped_busy", "2 compute process(es)", time.time()),
+        ProbeOutcome("GPU-not-here", 3, "failed", "x", time.time()),
+    ]
+    good = hand_over(healthy_agent.state_dir, outcomes, "a test")
+    _until(lambda: not good.exists() and not garbage.exists(), "both files taken", 10)
+    assert list(healthy_agent.state_dir.glob("probe-results-1-1.json.corrupt-*"))
+    metrics = _text(healthy_agent.url + "/metrics")
+    assert _runs(metrics, "1", "skipped_busy") == 1
+    assert "GPU-not-here" not in metrics
+    assert healthy_agent.proc.poll() is None
