@@ -37,6 +37,7 @@ from gpuwatch.cli.health_command import CannotTell, default_url, fetch, health_u
 from gpuwatch.cli.probe_command import NodeUnavailable, polled_node
 from gpuwatch.config.settings import Config
 from gpuwatch.core.exitcodes import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from gpuwatch.files.statedir import StateDirUnsafe, require_safe_state_dir
 from gpuwatch.files.statefile import StateDirError
 from gpuwatch.judge.gpu_verdict import ACTIONS
 from gpuwatch.probe.handoff import hand_over, wait_taken
@@ -180,7 +181,7 @@ def health_check(
         elif decided.action == "resume":
             scontrol(["update", f"NodeName={name}", "State=RESUME"], deadline.left())
     except SlurmUnavailable as exc:
-        say_error(f"cannot reach Slurm for node {name} (--node, $SLURMD_NODENAME): {exc}")
+        say_error(f"cannot reach Slurm for node {name} (--node, $SLURMD_NODENAME), or it refused: {exc}")
         return EXIT_UNAVAILABLE
     print(decided.says, flush=True)
     return EXIT_OK
@@ -250,6 +251,7 @@ def _probe_within(
 
     def run() -> None:
         try:
+            require_safe_state_dir(config.state_dir)  # as `gpuwatch probe`: its links would steer this (root) process
             with polled_node(config) as (store, sources):
                 known = {i.index for i in store.identities().values()}
                 if missing := [n for n in gpus if n not in known]:
@@ -262,7 +264,7 @@ def _probe_within(
                 runner = ProbeRunner(settings, store, config.state_dir, launcher=sources.probe_launcher)
                 runners.append(runner)
                 box.append(runner.run(gpus=set(gpus), baseline_mode="agent", wait_for_locks=False))
-        except (NodeUnavailable, LockUnavailable) as exc:
+        except (NodeUnavailable, LockUnavailable, StateDirUnsafe) as exc:
             problem.append(str(exc))
         except Exception as exc:  # the health check still runs: an epilog must not fail for the probe
             problem.append(f"the probe failed unexpectedly: {type(exc).__name__}: {exc}")
