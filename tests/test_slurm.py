@@ -521,3 +521,24 @@ def test_the_agent_takes_what_it_understands_and_moves_aside_what_it_does_not(he
     assert _runs(metrics, "1", "skipped_busy") == 1
     assert "GPU-not-here" not in metrics
     assert healthy_agent.proc.poll() is None
+
+
+@pytest.fixture
+def no_driver_agent(tmp_path: Path) -> Iterator[Agent]:
+    yield from _agent(tmp_path, "backend_down")
+
+
+def test_node_findings_alone_neither_drain_nor_resume(node: Cluster, no_driver_agent: Agent) -> None:
+    """The vendor library down: /health/gpus is 503 with only node findings (no GPU has a verdict). The health check
+    drains nothing for them, and keeps its own drain until the node is wholly clean (docs/slurm.md, "The rule")."""
+    _until(lambda: _document(no_driver_agent.url)["node_findings"], "the agent's node findings", 30)
+    document = _document(no_driver_agent.url)
+    assert not document["healthy"] and not any(g["action"] not in ("none", "restart_app") for g in document["gpus"])
+    calm = _health_check(node, "--url", no_driver_agent.url)
+    assert calm.returncode == 0, calm.stderr
+    assert f"{NODE}: not drained: no GPU needs draining, but the node is not clean (GpuBackendDown" in calm.stdout
+    assert node.node() == ("IDLE", "")
+    node.set_node("DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
+    kept = _health_check(node, "--url", no_driver_agent.url)
+    assert kept.returncode == 0 and f"{NODE}: stays drained" in kept.stdout, kept.stdout + kept.stderr
+    assert node.node() == ("IDLE+DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
