@@ -219,7 +219,7 @@ def epilog(config: Config, url: str | None, node: str | None, budget: float) -> 
         gpus = []
     job = os.environ.get("SLURM_JOB_ID", "?")
     if gpus:
-        outcomes = _probe_within(config, gpus, Deadline(max(0.0, deadline.left() - reserve)), say)
+        outcomes = _probe_within(config, gpus, Deadline(max(0.0, deadline.left() - reserve)), deadline, say)
         if outcomes:
             try:
                 path = hand_over(config.state_dir, outcomes, f"slurm epilog of job {job}")
@@ -241,13 +241,15 @@ def epilog(config: Config, url: str | None, node: str | None, budget: float) -> 
 
 
 def _probe_within(
-    config: Config, gpus: list[int], deadline: Deadline, say: Callable[[str], None]
+    config: Config, gpus: list[int], deadline: Deadline, overall: Deadline, say: Callable[[str], None]
 ) -> list[ProbeOutcome]:
     """The probe of `gpus`, as the agent's (lock files, busy GPUs skipped, baselines in the agent's mode), its
-    workers killed at the deadline; the outcomes it recorded ([] when it could not run or did not end in time)."""
+    workers killed at `deadline`; the outcomes it recorded ([] when it could not run or did not end in time). Killing
+    and waiting for a round that passed its deadline never runs past the `overall` one."""
     box: list[list[ProbeOutcome]] = []
     runners: list[ProbeRunner] = []
     problem: list[str] = []
+    gave_up = threading.Event()  # set before the runners are stopped: a runner made after it never starts a worker
 
     def run() -> None:
         try:
@@ -263,7 +265,8 @@ def _probe_within(
                 )
                 runner = ProbeRunner(settings, store, config.state_dir, launcher=sources.probe_launcher)
                 runners.append(runner)
-                box.append(runner.run(gpus=set(gpus), baseline_mode="agent", wait_for_locks=False))
+                if not gave_up.is_set():
+                    box.append(runner.run(gpus=set(gpus), baseline_mode="agent", wait_for_locks=False))
         except (NodeUnavailable, LockUnavailable, StateDirUnsafe) as exc:
             problem.append(str(exc))
         except Exception as exc:  # the health check still runs: an epilog must not fail for the probe
@@ -273,9 +276,10 @@ def _probe_within(
     worker.start()
     worker.join(deadline.left())
     if worker.is_alive():
-        for runner in runners:
-            runner.stop(STOP_GRACE_SECONDS)  # kills every worker; its round records them as timeouts
-        worker.join(STOP_GRACE_SECONDS)
+        gave_up.set()
+        for runner in list(runners):  # kills every worker (and any it starts after); its round records them
+            runner.stop(min(STOP_GRACE_SECONDS, overall.left() / 2))
+        worker.join(min(STOP_GRACE_SECONDS, overall.left() / 2))
         if worker.is_alive():
             say("the probe did not end within the budget (its workers are killed); no results to hand over")
             return []
