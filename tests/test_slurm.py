@@ -486,6 +486,9 @@ def test_the_epilog_kills_its_probe_at_the_budget_and_still_exits_0(node: Cluste
     assert "cannot reach the agent" in unreachable.stderr
     bad = _epilog(node, healthy_agent, "1", "--budget", "0")
     assert bad.returncode == 2 and "--budget 0 must be between" in bad.stderr, bad.stderr
+    wrong = _epilog(node, Agent("127.0.0.1:9845", healthy_agent.state_dir, healthy_agent.proc), "1")
+    assert wrong.returncode == 2 and "is not an http:// or https:// base URL" in wrong.stderr, wrong.stderr
+    assert "probed" not in wrong.stdout  # said before any probe
 
 
 def _runs(metrics: str, gpu: str, result: str) -> float:

@@ -210,6 +210,11 @@ def epilog(config: Config, url: str | None, node: str | None, budget: float) -> 
     if not 0 < budget <= MAX_BUDGET_SECONDS:
         say(f"--budget {budget:g} must be between 0 and {MAX_BUDGET_SECONDS:g} seconds")
         return EXIT_USAGE
+    try:  # a wrong command line fails before the probe, not after it
+        health_url(url if url is not None else default_url(config))
+    except ValueError as exc:
+        say(str(exc))
+        return EXIT_USAGE
     deadline = Deadline(budget)
     reserve = min(EPILOG_RESERVE_SECONDS, budget * 0.4)
     try:
