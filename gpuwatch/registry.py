@@ -30,6 +30,7 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("ipmi", "gpuwatch.collectors.ipmi"),
     Registration("probe", "gpuwatch.collectors.probe"),
     Registration("workloads", "gpuwatch.collectors.workloads"),
+    Registration("probe_results", "gpuwatch.collectors.probe_results"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

@@ -4,17 +4,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# tests/test_slurm.py runs Slurm's daemons as root, so only root needs them (it skips otherwise, outside CI)
+slurm_missing() {
+  [ "$(id -u)" = 0 ] && { ! command -v slurmctld || ! command -v slurmd || ! command -v scontrol \
+    || ! command -v munged; } >/dev/null 2>&1
+}
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1 \
   || ! command -v chromium >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1 \
-  || ! command -v vmalert >/dev/null 2>&1; then
+  || ! command -v vmalert >/dev/null 2>&1 || slurm_missing; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # chromium: the status page test renders the agent's landing page headless
     # systemd: systemd-analyze verify/security check the shipped unit (no systemd as PID 1 needed)
     # victoria-metrics: victoria-metrics, vmagent, vmalert for tests/test_victoriametrics_e2e.py (the remote_write path)
+    # slurmctld slurmd slurm-client munge: tests/test_slurm.py runs a one-node Slurm on loopback
     apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium systemd \
-      victoria-metrics >/dev/null
+      victoria-metrics slurmctld slurmd slurm-client munge >/dev/null
   else
     echo "scripts/test.sh: one of promtool, prometheus-alertmanager, chromium, systemd-analyze, vmalert is missing;" \
       "run: sudo apt-get install prometheus prometheus-alertmanager chromium systemd victoria-metrics" >&2

@@ -70,11 +70,12 @@ def health_url(base: str) -> str:
     return base.rstrip("/") + PATH
 
 
-def fetch(url: str) -> dict[str, Any]:
-    """The agent's document; CannotTell with the reason when there is none to read."""
+def fetch(url: str, timeout_seconds: float = TIMEOUT_SECONDS) -> dict[str, Any]:
+    """The agent's document; CannotTell with the reason when there is none to read. `timeout_seconds` bounds each
+    socket operation (connect, each read), not the whole exchange: `gpuwatch slurm` holds a deadline over it."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
             status, body = response.status, response.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 401:

@@ -186,7 +186,52 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--config", type=Path)
     _add_probe_parser(sub)
     _add_fleet_parser(sub)
+    _add_slurm_parser(sub)
     return parser
+
+
+def _add_slurm_parser(sub: Any) -> None:
+    slurm = sub.add_parser(
+        "slurm",
+        help="act on the agent's verdicts in Slurm: drain, resume; probe between jobs (docs/slurm.md)",
+        description="Slurm's side of the verdicts (docs/slurm.md): health-check for HealthCheckProgram or a prolog, "
+        "epilog for Epilog=.",
+    )
+    modes = slurm.add_subparsers(dest="slurm_command", required=True, metavar="MODE")
+    check = modes.add_parser(
+        "health-check",
+        help="drain the node for a GPU that needs action, resume it when gpuwatch drained it and all is clean",
+        description="Ask the local agent for its verdicts and drain the node (reason 'gpuwatch: GPU <i> (<uuid>) "
+        "<action>') when a GPU needs more than restart_app; resume only a node gpuwatch drained, once every verdict "
+        "is clean; never touch a node drained or down by anyone else. Exit "
+        f"{EXIT_OK} when it did its job, {EXIT_UNAVAILABLE} when it could not reach the agent or Slurm, {EXIT_USAGE} "
+        "on bad usage.",
+    )
+    epilog = modes.add_parser(
+        "epilog",
+        help="probe the GPUs the finished job released (SLURM_JOB_GPUS), then the health check",
+        description="For Epilog=: probe the GPUs the job released ($SLURM_JOB_GPUS) as the agent probes, hand the "
+        "results to the running agent, then run the health check, all within --budget. Exits "
+        f"{EXIT_OK} unless its command line is wrong ({EXIT_USAGE}): a failing epilog drains the node in Slurm.",
+    )
+    for mode, default in ((check, 10.0), (epilog, 10.0)):
+        mode.add_argument(
+            "--url", metavar="URL", help="the agent's base URL, http(s)://HOST:PORT (default: the configured --listen)"
+        )
+        mode.add_argument(
+            "--node", metavar="NAME", help="the Slurm node (default $SLURMD_NODENAME, else this host's short name)"
+        )
+        mode.add_argument(
+            "--budget",
+            type=float,
+            default=default,
+            metavar="SECONDS",
+            help=f"the most it may take, everything included (default {default:g})",
+        )
+        mode.add_argument("--config", type=Path)
+    epilog.add_argument("--backend", choices=BACKENDS)
+    epilog.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks, hand-over)")
+    _add_simulation_flags(epilog)
 
 
 def _add_fleet_parser(sub: Any) -> None:
@@ -355,6 +400,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gpuwatch.cli.repair_command import repair_gpu
 
         return repair_gpu(config, args.gpu, args.note)
+    if args.command == "slurm":
+        from gpuwatch.cli import slurm_command
+
+        if args.slurm_command == "epilog":
+            return slurm_command.epilog(config, args.url, args.node, args.budget)
+        return slurm_command.health_check(config, args.url, args.node, args.budget)
     if args.command == "probe":
         from gpuwatch.cli.probe_command import probe
 

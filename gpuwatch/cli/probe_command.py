@@ -12,9 +12,11 @@ import dataclasses
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
+from gpuwatch.collectors.sources import NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.files.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
@@ -37,6 +39,45 @@ def probe(config: Config, *, gpus: list[int], as_json: bool, update_baseline: bo
         return EXIT_CONFIG
     with contextlib.suppress(OSError):  # a missing state dir is made; one we may not write is reported at the lock
         config.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        with polled_node(config) as (store, sources):
+            known = sorted(i.index for i in store.identities().values())
+            unknown = [n for n in gpus if n not in known]
+            if unknown:
+                print(f"gpuwatch probe: no GPU {unknown} on this node (GPUs: {known})", file=sys.stderr)
+                return EXIT_NOT_OK
+            runner = ProbeRunner(
+                dataclasses.replace(config.probe, require_idle_node=False),  # the CLI probes every idle GPU it is given
+                store,
+                config.state_dir,
+                launcher=sources.probe_launcher,
+                progress=lambda text: print(text, file=sys.stderr, flush=True),
+            )
+            outcomes = runner.run(
+                gpus=set(gpus) if gpus else None,
+                explicit=bool(gpus),
+                baseline_mode=mode,
+                wait_for_locks=True,
+            )
+    except (NodeUnavailable, LockUnavailable) as exc:
+        print(f"gpuwatch probe: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if as_json:
+        print(json.dumps({"results": [_outcome_json(o) for o in outcomes]}, indent=2))
+    else:
+        _print_table(outcomes)
+    return EXIT_OK if outcomes and all(o.result == "ok" for o in outcomes) else EXIT_NOT_OK
+
+
+class NodeUnavailable(Exception):
+    """A GPU backend cannot be opened, or the node has no GPU to probe; the message says which."""
+
+
+@contextlib.contextmanager
+def polled_node(config: Config) -> Iterator[tuple[SampleStore, NodeSources]]:
+    """The node's GPUs read once through the same backends as the agent, then polled while the block runs (telemetry,
+    power cap, processes: what the probe runner reads), and closed after it. `gpuwatch probe` and `gpuwatch slurm
+    epilog` probe in it."""
     sources = build_sources(config)
     store = SampleStore(poll_interval_seconds=POLL_SECONDS)
     backends: list[Backend] = []
@@ -46,47 +87,20 @@ def probe(config: Config, *, gpus: list[int], as_json: bool, update_baseline: bo
                 backend = slot.factory()
                 backend.open()
             except BackendUnavailable as exc:
-                print(f"gpuwatch probe: {slot.name} unavailable: {exc}", file=sys.stderr)
-                return EXIT_UNAVAILABLE
+                raise NodeUnavailable(f"{slot.name} unavailable: {exc}") from None
             backends.append(backend)
             store.record_poll(backend.poll(slow=True))
-        known = sorted(i.index for i in store.identities().values())
-        if not known:  # nothing to probe is a resource this command cannot work without (README: exit 69)
-            print("gpuwatch probe: no GPU on this node to probe (gpuwatch check says why)", file=sys.stderr)
-            return EXIT_UNAVAILABLE
-        unknown = [n for n in gpus if n not in known]
-        if unknown:
-            print(f"gpuwatch probe: no GPU {unknown} on this node (GPUs: {known})", file=sys.stderr)
-            return EXIT_NOT_OK
-        runner = ProbeRunner(
-            dataclasses.replace(config.probe, require_idle_node=False),  # the CLI probes every idle GPU it is given
-            store,
-            config.state_dir,
-            launcher=sources.probe_launcher,
-            progress=lambda text: print(text, file=sys.stderr, flush=True),
-        )
+        if not store.identities():  # nothing to probe is a resource this command cannot work without (README: exit 69)
+            raise NodeUnavailable("no GPU on this node to probe (gpuwatch check says why)")
         poller = _Poller(store, backends)
         poller.start()
         try:
-            outcomes = runner.run(
-                gpus=set(gpus) if gpus else None,
-                explicit=bool(gpus),
-                baseline_mode=mode,
-                wait_for_locks=True,
-            )
-        except LockUnavailable as exc:
-            print(f"gpuwatch probe: {exc}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
+            yield store, sources
         finally:
             poller.stop()
     finally:
         for backend in backends:
             backend.close()
-    if as_json:
-        print(json.dumps({"results": [_outcome_json(o) for o in outcomes]}, indent=2))
-    else:
-        _print_table(outcomes)
-    return EXIT_OK if outcomes and all(o.result == "ok" for o in outcomes) else EXIT_NOT_OK
 
 
 class _Poller:
