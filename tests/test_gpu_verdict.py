@@ -137,7 +137,10 @@ def test_each_scenario_gives_its_faulty_gpu_its_state_and_action(scenario: str, 
     assert [g["index"] for g in document["gpus"]] == list(range(GPUS))
     info = {s.labels["gpu"]: s.labels for s in _metrics(agents[scenario])["gpuwatch_gpu_info"]}
     for gpu in document["gpus"]:
-        assert set(gpu) == {"index", "uuid", "serial", "state", "action", "evidence"}
+        assert set(gpu) == {"index", "uuid", "serial", "state", "action", "evidence", "held"}
+        # what the fault ledger holds: faults that need an action and do not mend by themselves (docs/verdicts.md)
+        # (none asks for more than the GPU's action, the worst of them all)
+        assert all(ACTIONS.index(h["action"]) <= ACTIONS.index(gpu["action"]) for h in gpu["held"]), gpu
         assert (gpu["uuid"], gpu["serial"]) == (info[str(gpu["index"])]["uuid"], info[str(gpu["index"])]["serial"])
         expected = EXPECTED[scenario].get(gpu["index"])
         if expected is None:
