@@ -52,7 +52,7 @@ class Agent:
     def document(self) -> tuple[int, dict[str, Any]]:
         request = urllib.request.Request(f"{self.base}/health/gpus", headers={"Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
+            with urllib.request.urlopen(request, timeout=30) as reply:
                 return reply.status, json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
@@ -60,7 +60,7 @@ class Agent:
     def gpu(self, index: int = GPU) -> dict[str, Any]:
         return next(g for g in self.document()[1]["gpus"] if g["index"] == index)
 
-    def until(self, what: str, test: Any, timeout: float = 60) -> Any:
+    def until(self, what: str, test: Any, timeout: float = 120) -> Any:
         deadline, last = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             last = test()
@@ -70,7 +70,7 @@ class Agent:
         raise AssertionError(f"{what}: never held; last {last!r}; log:\n{self.log.read_text()[-3000:]}")
 
     def action_metric(self, index: int = GPU) -> dict[str, float]:
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as reply:
             text = reply.read().decode()
         return {
             s.labels["action"]: s.value
@@ -100,7 +100,7 @@ def agents() -> Iterator[list[Agent]]:
 
 
 def _gpuwatch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=120)
 
 
 def _repair(state: Path, gpu: str, note: str) -> subprocess.CompletedProcess[str]:
@@ -151,14 +151,14 @@ def test_an_xid_79_stays_after_a_restart_until_repaired_and_the_ledger_keeps_the
     assert all((g["state"], g["action"]) == ("healthy", "none") for g in others), others
     assert agent.action_metric() == {a: float(a == "reboot_node") for a in agent.action_metric()}
     assert _gpuwatch("health", "--url", agent.base).returncode == 1
-    with urllib.request.urlopen(f"{agent.base}/", timeout=10) as reply:  # the status page shows it, and the way out
+    with urllib.request.urlopen(f"{agent.base}/", timeout=30) as reply:  # the status page shows it, and the way out
         page = reply.read().decode()
     assert "held until repaired: XID 79" in page and f"gpuwatch repair --gpu {GPU}" in page
 
     repaired = _repair(state, str(GPU), "node rebooted, GPU reseated")
     assert repaired.returncode == 0, repaired.stderr
     assert "XID 79" in repaired.stdout and "repaired" in repaired.stdout
-    agent.until("the repair read by the running agent", lambda: agent.document()[0] == 200, timeout=10)
+    agent.until("the repair read by the running agent", lambda: agent.document()[0] == 200, timeout=30)
     assert agent.gpu()["action"] == "none"
     assert agent.action_metric()["none"] == 1.0
     assert _gpuwatch("health", "--url", agent.base).returncode == 0
@@ -180,7 +180,7 @@ def test_the_same_fault_after_two_repairs_escalates(state: Path, agents: list[Ag
         if round_ == 2:
             assert any("came back 2x" in line for line in gpu["evidence"]), gpu
         assert _repair(state, gpu["uuid"], f"round {round_}").returncode == 0
-        agent.until("repaired", lambda a=agent: a.document()[0] == 200, timeout=10)
+        agent.until("repaired", lambda a=agent: a.document()[0] == 200, timeout=30)
         agent.stop()
     assert actions == ["reboot_node", "reboot_node", "inspect_hardware"]
     faults = _faults(state, gpu["uuid"])
@@ -212,21 +212,21 @@ def test_a_reboot_and_a_clean_probe_close_a_fault_a_reboot_cures(state: Path, ag
     first.stop()
     same_boot = Agent(state, "healthy", probe=2)  # a clean probe in the same boot cures nothing
     agents.append(same_boot)
-    same_boot.until("a probe ran", lambda: b'result="ok"' in _probe_runs(same_boot), timeout=60)
+    same_boot.until("a probe ran", lambda: b'result="ok"' in _probe_runs(same_boot), timeout=120)
     time.sleep(1.5)
     assert same_boot.document()[0] == 503
     same_boot.stop()
 
     rebooted = Agent(state, "healthy", boot=1, probe=2)
     agents.append(rebooted)
-    rebooted.until("closed by a clean probe after the reboot", lambda: rebooted.document()[0] == 200, timeout=60)
+    rebooted.until("closed by a clean probe after the reboot", lambda: rebooted.document()[0] == 200, timeout=120)
     (fault,) = _faults(state, gpu["uuid"])
     assert fault["closed"]["how"] == "clean_probe" and fault["closed"]["by"] == "gpuwatch agent"
     assert "rebooted" in fault["closed"]["note"]
 
 
 def _probe_runs(agent: Agent) -> bytes:
-    with urllib.request.urlopen(f"{agent.base}/metrics", timeout=10) as reply:
+    with urllib.request.urlopen(f"{agent.base}/metrics", timeout=30) as reply:
         return b"\n".join(
             line for line in reply.read().splitlines() if line.startswith(b'gpuwatch_probe_runs_total{gpu="2"')
         )
