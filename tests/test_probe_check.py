@@ -213,7 +213,9 @@ def test_scenario_corrupt_counts_and_pages_the_wrong_result_within_one_probe(
             raise AssertionError("GPU 2's compute error was never counted")
         status, doc = _health(agent.base)  # the same probe round: paged at once
         runs = {r: value(text, "gpuwatch_probe_runs_total", gpu="2", result=r) for r in ("ok", "compute_error")}
-        assert runs["ok"] == 0.0 and runs["compute_error"] == value(text, "gpuwatch_probe_compute_errors_total", gpu="2")
+        assert runs["ok"] == 0.0 and runs["compute_error"] == value(
+            text, "gpuwatch_probe_compute_errors_total", gpu="2"
+        )
         assert status == 503 and doc["healthy"] is False
         gpu2 = next(g for g in doc["gpus"] if g["index"] == 2)
         assert gpu2["state"] == "unhealthy" and gpu2["action"] == "reset_gpu", gpu2
@@ -259,3 +261,29 @@ def _wait_for_ok_probes(agent: Agent, gpus: list[int], timeout: float = 60.0) ->
             return text
         time.sleep(0.2)
     raise AssertionError(f"GPUs {gpus} never probed ok")
+
+
+def test_gpuwatch_probe_on_scenario_corrupt_reports_each_gpus_check(tmp_path: Path, torch_installed: None) -> None:  # noqa: F811
+    """`gpuwatch probe --json`, one round: GPU 2's real CPU check finds its 3 corrupted elements (compute_error, exit
+    1); GPU 0, the control, passed the same real check; the others say they were not checked."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "gpuwatch", "probe", "--backend", "simulated", "--scenario", "corrupt"),
+            *("--gpus", "4", "--state-dir", str(tmp_path / "state"), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    results = {r["gpu"]: r for r in json.loads(proc.stdout)["results"]}
+    assert proc.returncode == 1, proc.stderr[-500:]
+    wrong = results[2]
+    assert wrong["result"] == "compute_error" and wrong["ratio_to_baseline"] is None and wrong["baseline_flops"] is None
+    check = wrong["measured"]["compute_check"]
+    assert check["ran"] and check["bad_columns"] == 3 and check["corrupted_elements"] == 3 and check["columns"] == 256
+    assert "stands in" in check["engine"]
+    control = results[0]["measured"]["compute_check"]
+    assert results[0]["result"] == "ok" and control["ran"] and control["bad_columns"] == 0 and control["columns"] == 256
+    for gpu in (1, 3):
+        assert results[gpu]["result"] == "ok" and results[gpu]["measured"]["compute_check"]["ran"] is False
+    assert "computed a wrong result" in proc.stderr and "#gpucomputeerrors" in proc.stderr

@@ -36,7 +36,8 @@ class Engine:
     blas_version = ""
     device = ""  # cuda, rocm, cpu
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
+        """Allocate random-normal inputs (`seed`: the probe always draws 0; the false-alarm benchmark many)."""
         raise NotImplementedError
 
     def run(self, count: int) -> None:
@@ -145,12 +146,12 @@ class TorchEngine(Engine):
         self._out: Any = None
         self._dtype = ""
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
         torch = self._torch
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         if self.device != "cpu":
             torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, not TF32
-        gen = torch.Generator(device=self._dev).manual_seed(0)
+        gen = torch.Generator(device=self._dev).manual_seed(seed)
         self._a = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._b = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._out = torch.empty((n, n), device=self._dev, dtype=dt)
@@ -288,9 +289,9 @@ class CupyEngine(Engine):
         except Exception:  # fall back to the runtime, which pins the cuBLAS of a CuPy wheel
             return f"cublas (cuda runtime {cp.cuda.runtime.runtimeGetVersion()})"
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
         cp = self._cp
-        rng = cp.random.RandomState(0)
+        rng = cp.random.RandomState(seed)
         a32 = rng.standard_normal((n, n), dtype=cp.float32)
         b32 = rng.standard_normal((n, n), dtype=cp.float32)
         if dtype == "bf16":

@@ -106,12 +106,16 @@ class SimulatedWorkerCommand:
         ]  # fmt: skip
 
     def _check(self, index: int) -> list[str]:
-        """On a node with a corrupt GPU every worker checks a real matmul on the CPU (the healthy ones are the
-        control), the corrupt GPU's with its elements corrupted; elsewhere none does (importing torch costs each
-        worker about a second of CPU, too much for every probe of every scenario)."""
+        """On a node with a corrupt GPU, that GPU's worker checks a real matmul on the CPU with its elements corrupted,
+        and the lowest healthy GPU's the same matmul uncorrupted (the control); the others, and every GPU of other
+        scenarios, report the check as not run: importing torch costs each worker about a second of CPU, too much
+        for every probe of every GPU of a demo."""
         if not self.corrupt:
             return []
-        return ["--check-on-cpu", "--corrupt-elements", str(self.corrupt.get(index, 0))]
+        if index in self.corrupt:
+            return ["--check-on-cpu", "--corrupt-elements", str(self.corrupt[index])]
+        control = min(i for i in range(len(self.corrupt) + 1) if i not in self.corrupt)
+        return ["--check-on-cpu"] if index == control else []
 
     def _pid_directory(self) -> Path:
         """A private directory for the workers' PID files, removed when this command goes or the process exits."""

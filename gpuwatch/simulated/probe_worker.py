@@ -110,7 +110,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 CHECK_SIZE = 256  # n of the real matmul checked on the CPU: a few milliseconds, the same code as on a GPU
-NOT_ASKED = "the simulated GPU computes nothing; the launcher checks on the CPU only on a node with a corrupt GPU"
+NOT_ASKED = (
+    "the simulated GPU computes nothing; the simulated node checks a real matmul on the CPU only for its corrupt GPU "
+    "and one healthy control GPU (scenario corrupt)"
+)
 NO_TORCH = "torch is not installed: the simulated node cannot run the real check on the CPU (pip install torch)"
 
 

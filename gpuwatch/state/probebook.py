@@ -49,6 +49,7 @@ class ComputeCheck:
     tolerance: float | None = None
     corrupted_elements: int = 0  # the test hook's, so a planted error is never mistaken for the hardware's
     why: str = ""  # why it did not run
+    engine: str = ""  # what computed the checked matmul when not the probe's own engine (the simulated node's)
 
     @property
     def wrong(self) -> bool:
@@ -63,7 +64,7 @@ class ComputeCheck:
         if not isinstance(ran, bool):
             raise TypeError(f"compute_check.ran must be a boolean, got {ran!r}")
         if not ran:
-            return ComputeCheck(False, why=str(data.get("why", "")))
+            return ComputeCheck(False, why=str(data.get("why", "")), engine=str(data.get("engine", "")))
         columns, bad = data.get("columns"), data.get("bad_columns")
         if not (isinstance(columns, int) and isinstance(bad, int) and 0 <= bad <= columns):
             raise ValueError(f"compute_check needs 0 <= bad_columns <= columns, got {bad!r} of {columns!r}")
@@ -76,6 +77,7 @@ class ComputeCheck:
             None if excess is None else float(excess),
             None if tolerance is None else float(tolerance),
             int(corrupted),
+            engine=str(data.get("engine", "")),
         )
 
     def describe(self) -> str:
