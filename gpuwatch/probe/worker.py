@@ -23,11 +23,14 @@ import select
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from gpuwatch.core.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
 from gpuwatch.core.model import ProbeDtype, ProbeEngineChoice, Vendor
 from gpuwatch.probe.protocol import CAPPED_LINE
+
+if TYPE_CHECKING:
+    from gpuwatch.probe.engines import Engine
 
 
 def build_parser(
@@ -140,9 +143,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError("no timed iteration took measurable time")
     median, p10, p90 = _quantile(rates, 0.5), _quantile(rates, 0.1), _quantile(rates, 0.9)
     corrupted = engine.corrupt(args.corrupt_elements) if args.corrupt_elements else 0
-    check = engine.check()  # the last matmul's output against its column checksums (gpuwatch/probe/checksum.py)
-    if corrupted:
-        check = dataclasses.replace(check, corrupted=corrupted)
+    check = checked(engine, corrupted)
     copies = engine.copies(args.copy_mib * 2**20) if args.copy_mib > 0 else {"copy_kind": "none"}
     engine.synchronize()
     gpu_time = time.perf_counter() - warm_started  # the GPU was ours from the first warm-up matmul to the last copy
@@ -160,9 +161,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "startup_seconds": ready - started,
         "wall_seconds": time.perf_counter() - started,
         "engines_passed_over": passed_over,  # e.g. "cupy: CUDA driver version is insufficient…" before torch ran
-        "compute_check": check.as_json(),  # bad_columns > 0: a wrong result, a compute error (never "slow")
+        "compute_check": check,  # bad_columns > 0: a wrong result, a compute error (never "slow")
         **copies,
     }
+
+
+def checked(engine: Engine, corrupted: int) -> dict[str, Any]:
+    """The last matmul's output against its column checksums (gpuwatch/probe/checksum.py). A check that cannot run
+    (no room for its float64 blocks on a full GPU) says so and why, and leaves the measurement standing."""
+    try:
+        result = engine.check()
+    except Exception as exc:  # the array library's own errors (out of memory) differ between engines
+        return {"ran": False, "why": f"the check could not run: {type(exc).__name__}: {exc}"}
+    return dataclasses.replace(result, corrupted=corrupted).as_json()
 
 
 def throughput_fields(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:
