@@ -1,8 +1,8 @@
 """Checked results (algorithm-based fault tolerance, Huang & Abraham 1984): whether a probe's C = A·B is right.
 
 The column sums of C must equal (1ᵀA)·B. The reference is computed in float64 from the stored low-precision inputs
-(exact in float64), in chunks of rows so it needs about CHUNK_BYTES of extra device memory, in O(n²) work beside the
-matmul's n³. Any difference beyond rounding is a wrong result. The tolerance is derived, never tuned (docs/probe.md,
+(exact in float64), in blocks of rows of CHUNK_BYTES (with their temporaries, a few times that in extra device
+memory), in O(n²) work beside the matmul's n³. Any difference beyond rounding is a wrong result. The tolerance is derived, never tuned (docs/probe.md,
 "Checked results"): per column j,
 
     tol_j = λ · (u_out·‖Ĉ[:,j]‖₂ + γ_acc·‖B[:,j]‖₂·‖A‖_F) + ε₆₄_j
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FALSE_ALARM_PROBABILITY = 1e-9  # per probe, over all its columns: once in a billion healthy probes at most
-CHUNK_BYTES = 64 * 2**20  # float64 rows converted at a time (extra device memory of the check)
+CHUNK_BYTES = 32 * 2**20  # float64 rows converted at a time (the check's extra device memory: a few times this)
 U64 = 2.0**-53
 # Unit roundoff of each output dtype (round to nearest): 8, 11 and 24 bits of significand.
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
