@@ -287,3 +287,62 @@ def test_gpuwatch_probe_on_scenario_corrupt_reports_each_gpus_check(tmp_path: Pa
     for gpu in (1, 3):
         assert results[gpu]["result"] == "ok" and results[gpu]["measured"]["compute_check"]["ran"] is False
     assert "computed a wrong result" in proc.stderr and "#gpucomputeerrors" in proc.stderr
+
+
+def test_the_ledger_holds_a_compute_error_and_escalates_it_after_two_repairs(
+    tmp_path: Path,
+    torch_installed: None,  # noqa: F811
+) -> None:
+    """Written to the fault ledger with its evidence; `gpuwatch repair` closes it, the next wrong result opens it
+    again, and after two repairs it asks for inspect_hardware ([ledger] escalate_after = 2)."""
+    from gpuwatch.state.ledger import LEDGER_FILE
+
+    agent = Agent(tmp_path, "--scenario", "corrupt", "--gpus", "3", "--probe-interval", "2")
+    ledger = agent.state_dir / LEDGER_FILE
+
+    def open_fault() -> dict[str, Any] | None:
+        if not ledger.exists():
+            return None
+        for record in json.loads(ledger.read_text())["gpus"].values():
+            for fault in record["faults"]:
+                if fault["key"] == "GpuComputeErrors" and fault.get("closed") is None:
+                    return dict(fault)
+        return None
+
+    try:
+        agent.wait_ready()
+        actions = []
+        for round_ in range(3):
+            fault = _until(open_fault, f"an open GpuComputeErrors fault (round {round_})")
+            assert "column checksums disagree" in fault["evidence"] and fault["index"] == 2, fault
+            status, doc = _health(agent.base)
+            gpu2 = next(g for g in doc["gpus"] if g["index"] == 2)
+            assert status == 503 and "held until repaired" in " ".join(gpu2["evidence"]), gpu2
+            actions.append(gpu2["action"])
+            repair = subprocess.run(
+                [
+                    *(sys.executable, "-m", "gpuwatch", "repair", "--gpu", "2", "--note", f"reset, round {round_}"),
+                    *("--state-dir", str(agent.state_dir)),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert repair.returncode == 0 and "GpuComputeErrors" in repair.stdout, repair.stdout + repair.stderr
+            closed = json.loads(ledger.read_text())["gpus"][gpu2["uuid"]]["faults"][round_]["closed"]
+            assert closed["how"] == "repair" and closed["note"] == f"reset, round {round_}", closed
+        assert actions == ["reset_gpu", "reset_gpu", "inspect_hardware"]
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.communicate()
+
+
+def _until(probe: Any, what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"never: {what}")
