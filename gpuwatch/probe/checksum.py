@@ -2,8 +2,8 @@
 
 The column sums of C must equal (1ᵀA)·B. The reference is computed in float64 from the stored low-precision inputs
 (exact in float64), in blocks of rows of CHUNK_BYTES (with their temporaries, a few times that in extra device
-memory), in O(n²) work beside the matmul's n³. Any difference beyond rounding is a wrong result. The tolerance is derived, never tuned (docs/probe.md,
-"Checked results"): per column j,
+memory), in O(n²) work beside the matmul's n³. Any difference beyond rounding is a wrong result. The tolerance is
+derived, never tuned (docs/probe.md, "Checked results"): per column j,
 
     tol_j = λ · (u_out·‖Ĉ[:,j]‖₂ + γ_acc·‖B[:,j]‖₂·‖A‖_F) + ε₆₄_j
 
