@@ -346,3 +346,26 @@ def _until(probe: Any, what: str, timeout: float = 60.0) -> Any:
             return got
         time.sleep(0.2)
     raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize(
+    ("check", "error"),
+    [
+        ("yes", "must be an object"),
+        ({"ran": "yes"}, "ran must be a boolean"),
+        ({"ran": True, "columns": 8, "bad_columns": 9}, "0 <= bad_columns <= columns"),
+        ({"ran": True, "columns": 8, "bad_columns": -1}, "0 <= bad_columns <= columns"),
+    ],
+)
+def test_a_malformed_compute_check_is_a_malformed_result_not_a_verdict(check: object, error: str) -> None:
+    """The runner makes a malformed worker result `failed` (never ok, never compute_error): it must be refused."""
+    from gpuwatch.state.probebook import WorkerResult
+
+    good = {
+        **dict.fromkeys(("engine", "engine_version", "blas_version", "dtype", "shape", "copy_kind"), "x"),
+        **dict.fromkeys(("flops_median", "flops_p10", "flops_p90", "spread_ratio", "gpu_time_seconds"), 1.0),
+        "iterations": 1,
+    }
+    assert WorkerResult.from_json(good).compute_check is None  # a worker from before the check: nothing claimed
+    with pytest.raises((TypeError, ValueError), match=error):
+        WorkerResult.from_json({**good, "compute_check": check})
