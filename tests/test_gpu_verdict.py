@@ -28,7 +28,7 @@ from gpuwatch.judge.gpu_verdict import ACTIONS, STATES, Step, decide, finding_st
 from gpuwatch.judge.verdict import judge_gpu
 
 GPUS = 8
-PROBED = {"underperforming"}  # shows its fault only in the probe: probes every 5 s
+PROBED = {"underperforming", "corrupt"}  # shows its fault only in the probe: probes every 5 s
 
 # scenario -> {GPU index: (state, action, words its evidence holds)}; every other GPU is healthy with nothing to do.
 EXPECTED: dict[str, dict[int, tuple[str, str, tuple[str, ...]]]] = {
@@ -45,6 +45,8 @@ EXPECTED: dict[str, dict[int, tuple[str, str, tuple[str, ...]]]] = {
         i: ("unhealthy", "inspect_hardware", ("GpuPowerSupplyUndersized", "power cables")) for i in range(GPUS)
     },
     "underperforming": {2: ("degraded", "reset_gpu", ("slow probe",))},
+    # A wrong result is a compute error from the first probe: unhealthy, never a slow probe.
+    "corrupt": {2: ("unhealthy", "reset_gpu", ("GpuComputeErrors", "column checksums disagree"))},
 }
 PASSWORD = "verdict-secret"
 

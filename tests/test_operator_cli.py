@@ -35,7 +35,8 @@ def _config(scenario: str, **probe: float) -> object:
 
 
 def test_the_probe_scenarios_probe_often_under_run() -> None:
-    assert {name for name in SCENARIOS if _scenario_needs_probe(_config(name))} == {"mixed", "underperforming"}
+    probed = {name for name in SCENARIOS if _scenario_needs_probe(_config(name))}
+    assert probed == {"mixed", "underperforming", "corrupt"}
     assert not _scenario_needs_probe(_config("underperforming", interval_seconds=60))  # an operator's choice stands
     assert PROBE_SCENARIO_INTERVAL_SECONDS <= 10
 

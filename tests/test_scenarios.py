@@ -60,6 +60,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "row_remap_failure", "gpu_lost", "backend_down",
         "training", "dataloader_starved", "idle_allocated",  # issue 17: real utilization
         "nvml_hang",  # issue 30: a vendor call that never returns
+        "corrupt",  # issue 33: a GPU whose matmul results are wrong
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 
@@ -240,6 +241,13 @@ def test_mixed_demo_node(sim: SimAgent) -> None:
     )
     for gpu in (0, 1, 3, 4, 6, 7):
         assert_healthy(sim, gpu)
+
+
+@scenario("corrupt")
+def test_corrupt_telemetry_looks_healthy_only_the_probe_shows_it(sim: SimAgent) -> None:
+    for gpu in range(8):
+        assert_healthy(sim, gpu)
+    assert SCENARIOS["corrupt"].probe_corrupt == {FAULT_GPU: 3}
 
 
 @scenario("underperforming")

@@ -90,6 +90,7 @@ EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
         (0, "power brake", "GpuPowerBrakeSlowdown"),
     ],
     "underperforming": [(2, "% of its baseline", "GpuUnderperforming")],
+    "corrupt": [(2, "probe(s) computed a wrong result", "GpuComputeErrors")],
     "pcie_degraded": [(2, "PCIe link downtrained: gen 3 x8 of gen 5 x16", "GpuPcieLinkDegraded")],
     "xid": [(2, "XID 79 (GPU has fallen off the bus)", "GpuXidCritical")],
     "ecc_uncorrectable": [(2, "uncorrectable ECC errors", "GpuEccUncorrectable")],
@@ -106,7 +107,8 @@ EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
     ],
 }
 HEALTHY = ("healthy", "busy")
-PROBED = ("mixed", "underperforming")  # the others run without the probe: 16 agents' probe children on a small CI box
+# The others run without the probe: 16 agents' probe children on a small CI box.
+PROBED = ("mixed", "underperforming", "corrupt")
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ COUNTER_ALERTS = {
     "GpuPcieNonFatalErrors": ("gpuwatch_gpu_pcie_errors_total", 'type="non_fatal"'),
     "GpuEccUncorrectable": ("gpuwatch_gpu_ecc_errors_total", 'type="uncorrected"'),
     "GpuReset": ("gpuwatch_gpu_reset_events_total", ""),
+    "GpuComputeErrors": ("gpuwatch_probe_compute_errors_total", ""),
 }
 # GpuProbeFailing compares floor(increase over 6 h) with a threshold: the probe counters exist from the agent's start,
 # so no new series is counted from 0 there; the others alert on "> 0", where that would fire at a node's first scrapes.

@@ -6,6 +6,8 @@
 #                                                  #   call of the backend as the driver answers it, the floor, GPM
 #   bash benchmarks/hardware/device-run.sh probe   # ~2.5 min: the probe study, the agent scraped
 #   bash benchmarks/hardware/device-run.sh cost    # ~2.5 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
+#   bash benchmarks/hardware/device-run.sh check   # ~3.5 min: the probe's checked result (issue #33): compute errors
+#                                                  #   over N probes, a corrupted result caught, false alarms
 #   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
@@ -16,9 +18,9 @@ set -uo pipefail
 [ $# -gt 0 ] || set -- usage
 for part in "$@"; do
   case "$part" in
-    nvml | probe | cost) ;;
+    nvml | probe | cost | check) ;;
     *)
-      echo "usage: $0 nvml|probe|cost..." >&2
+      echo "usage: $0 nvml|probe|cost|check..." >&2
       exit 2
       ;;
   esac
@@ -169,6 +171,16 @@ for part in "${parts[@]}"; do
     run "real utilization (GPM) beside a matmul" 75 "$PY" $HERE/gpm_check.py --out "$RAW/gpm_check.json" \
       --markdown "$SCRATCH/gpm.md" "${GPM_FLAGS[@]}"
     cat "$SCRATCH/gpm.md" >>"$SUMMARY" 2>/dev/null
+  elif [ "$part" = check ]; then
+    say "# gpuwatch hardware checks, part check ($(date -u +%FT%TZ))"
+    # Every engine installed: 10 checked probes (bf16 8192), one with an element corrupted on the device, then the
+    # false-alarm study at 8192 (each dtype, 100 fresh inputs). The summary's first lines are what the issue asks:
+    # "compute errors over N probes" and "corrupted result caught: yes|no".
+    CHECK_FLAGS=()
+    [ "${DRY_RUN:-0}" = 1 ] && CHECK_FLAGS=(--dry-run --probes 2 --seeds 5)
+    run "checked probe" 420 "$PY" $HERE/probe_check.py --out "$RAW/probe_check.json" --markdown "$SCRATCH/check.md" \
+      "${CHECK_FLAGS[@]}" ${PROBE_CHECK_ARGS:-}
+    cat "$SCRATCH/check.md" >>"$SUMMARY" 2>/dev/null
   elif [ "$part" = probe ]; then
     say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
     rm -rf "$STATE"

@@ -724,6 +724,11 @@ def probe_stats(probes: list[dict[str, Any]]) -> dict[str, Any]:
         "probes": len(probes),
         "measured": len(ok),
         "busy_marked": sum(1 for p in probes if p.get("busy")),
+        # Issue #33: each probe checks its result; a wrong one is result compute_error, never a measurement.
+        "compute_errors": sum(1 for p in probes if p.get("status") == "compute_error"),
+        "checked": sum(
+            1 for p in probes if (((p.get("result") or {}).get("measured") or {}).get("compute_check") or {}).get("ran")
+        ),
         "flops_all": all_,
         "flops_from_2": later,
         "gpu_time_seconds": {"max": max(gpu_time, default=None), "median": _median(gpu_time)},
@@ -1107,6 +1112,8 @@ def summary_table(doc: dict[str, Any]) -> list[str]:
         "|---|---|---|---|",
         f"| idle probes measured (busy-marked) | {st.get('measured', 0)} of {st.get('probes', 0)} "
         f"({st.get('busy_marked', 0)}) | | |",
+        f"| compute errors over {st.get('checked', 0)} checked probes | {st.get('compute_errors', 0)} | 0 "
+        f"| {'ok' if not st.get('compute_errors') else 'WRONG RESULTS'} |",
         f"| probe TFLOP/s, mean ± stdev, all | {_tf(a.get('mean'))} ± {_tf(a.get('stdev'))} "
         f"(min {_tf(a.get('min'))}, max {_tf(a.get('max'))}) | fixture {FIXTURE['probe_8192_bf16_tflops_at_cap']} | |",
         f"| CV of per-probe medians, all | {_f(a.get('cv_pct'), 2)} % (population {_f(a.get('cv_pct_population'), 2)}"

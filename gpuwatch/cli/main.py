@@ -55,6 +55,7 @@ SCENARIO_SUMMARIES = {
     "power_limit_low": "GPU 2's power limit at 450 W of 700 W, under load",
     "psu_undervoltage": "a supply's 12 V rail sags to 11.2 V; every GPU power-braked",
     "underperforming": "GPU 2 probes 20 % slow (the probe runs every 10 s)",
+    "corrupt": "GPU 2's matmul results are wrong in a few elements (the probe runs every 10 s)",
     "pcie_degraded": "GPU 2's link at gen 3 x8 of gen 5 x16, under load",
     "xid": "GPU 2 raises XID 13, then XID 79 (fallen off the bus)",
     "ecc_uncorrectable": "GPU 2 counts uncorrectable ECC errors",
@@ -464,7 +465,7 @@ def _scenario_needs_probe(config: Config) -> bool:
     return (
         config.agent.backend == "simulated"
         and info is not None
-        and bool(info.probe_slowdown)
+        and bool(info.probe_slowdown or info.probe_corrupt)
         and config.probe.interval_seconds == ProbeSection().interval_seconds
     )
 

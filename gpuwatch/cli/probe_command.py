@@ -146,7 +146,7 @@ def _print_table(outcomes: list[ProbeOutcome]) -> None:
           f"{'H2D GB/s':>8} {'D2H GB/s':>8} {'capped':>6} {'wall s':>6}  note")  # fmt: skip
     for o in outcomes:
         m = o.measured
-        if m is None:
+        if m is None or o.result == "compute_error":  # a wrong result's speed means nothing: its reason says why
             print(f"{o.index:>3}  {o.result:<19} {'':>8} {_tf(o.baseline_flops):>8} {'':>6} {'':>6} {'':>8} {'':>8} "
                   f"{'':>6} {'':>6}  {o.reason}")  # fmt: skip
             continue

@@ -23,6 +23,7 @@ class ScenarioInfo:
     node_wide: bool = False
     gpu_faults: dict[int, str] = field(default_factory=dict)  # GPU -> what is wrong with it
     probe_slowdown: dict[int, float] = field(default_factory=dict)  # GPU -> share of probe throughput lost
+    probe_corrupt: dict[int, int] = field(default_factory=dict)  # GPU -> elements its probe's matmul gets wrong
 
 
 def _single(name: str, description: str) -> ScenarioInfo:
@@ -71,6 +72,14 @@ SCENARIOS: dict[str, ScenarioInfo] = {
             FAULT_GPU,
             gpu_faults={FAULT_GPU: "computes 20 % slower than its baseline in the probe"},
             probe_slowdown={FAULT_GPU: 0.2},
+        ),
+        ScenarioInfo(
+            "corrupt",
+            "GPU 2's matmul results are wrong in a few elements (silent data corruption); its telemetry and its "
+            "speed are healthy: only the probe's checked result shows it",
+            FAULT_GPU,
+            gpu_faults={FAULT_GPU: "computes wrong results: 3 elements of each probe's matmul are corrupted"},
+            probe_corrupt={FAULT_GPU: 3},
         ),
         _single(
             "pcie_degraded", "under load on a PCIe gen 3 x8 link of gen 5 x16, replays and link recoveries growing"

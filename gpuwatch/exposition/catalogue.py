@@ -312,6 +312,13 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_probe_h2d_bytes_per_second", "gauge", GPU, "Pinned host-to-device copy bandwidth."),
     _m("gpuwatch_probe_d2h_bytes_per_second", "gauge", GPU, "Pinned device-to-host copy bandwidth."),
     _m("gpuwatch_probe_runs_total", "counter", (*GPU, "result"), "Probe runs by result."),
+    _m(
+        "gpuwatch_probe_compute_errors_total",
+        "counter",
+        GPU,
+        "Probes whose result was wrong: the last matmul's column checksums disagreed beyond rounding (from 0 for every "
+        "GPU the probe runs on).",
+    ),
     _m("gpuwatch_probe_last_success_timestamp_seconds", "gauge", GPU, "Unix time of the last successful probe."),
     _m("gpuwatch_probe_interval_seconds", "gauge", (), "The configured probe interval."),
     _m("gpuwatch_probe_duration_seconds", "gauge", GPU, "GPU time the last probe measured."),

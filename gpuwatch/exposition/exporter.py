@@ -367,6 +367,7 @@ def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) ->
     counts = view.runs.get(uuid, {})
     for result in RESULTS:
         out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+    out.add("gpuwatch_probe_compute_errors_total", gpu, counts.get("compute_error", 0))
     baseline = view.baselines.get(uuid)
     if baseline is not None:
         out.add("gpuwatch_probe_baseline_flops", (*gpu, baseline[0]), baseline[1])

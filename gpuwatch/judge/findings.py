@@ -141,8 +141,33 @@ def _hang_findings(snap: StoreSnapshot) -> list[Finding]:
     return out
 
 
+def _compute_errors(view: GpuView) -> list[Finding]:
+    """A probe computed a wrong result (GpuComputeErrors): from the first one, until `gpuwatch repair` comes after
+    the last (the fault ledger holds it meanwhile, across restarts)."""
+    uuid = view.identity.uuid
+    probe = view.snap.probe
+    last = probe.last_compute_error.get(uuid)
+    if last is None:
+        return []
+    record = view.snap.ledger.record(uuid)
+    fault = record.last("GpuComputeErrors") if record is not None else None
+    if fault is not None and fault.closed is not None and last.timestamp <= fault.closed.time:
+        return []  # repaired since: a clean GPU until it errs again
+    count = probe.runs.get(uuid, {}).get("compute_error", 0)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.timestamp))
+    return [
+        Finding(
+            "bad",
+            "GpuComputeErrors",
+            f"{count} probe(s) computed a wrong result since the agent started, the last at {when}: {last.reason}",
+            "drain the GPU (jobs on it may have wrong results), reset it, run gpuwatch probe --gpu N; "
+            "replace it if it errs again",
+        )
+    ]
+
+
 def _probe_flags(view: GpuView) -> list[Finding]:
-    out = []
+    out = _compute_errors(view)
     fresh = _probe_fresh(view, view.identity.uuid)
     ratio = probe_ratio(view) if fresh else None
     peers = _peer_ratio(view) if fresh else None

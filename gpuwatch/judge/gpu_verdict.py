@@ -89,6 +89,7 @@ _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
     "GpuUnderperforming": ("reset_gpu", ""),
     "GpuSlowerThanFleet": ("reset_gpu", ""),
     "GpuProbeFailing": ("none", ""),  # read the agent's log first: the probe itself may be what fails
+    "GpuComputeErrors": ("reset_gpu", ""),  # a wrong result; the ledger escalates a repeat (inspect, then replace)
 }
 # nvml.h nvmlGpuRecoveryAction_t: 1 GPU_RESET, 2 NODE_REBOOT, 3 DRAIN_P2P, 4 DRAIN_AND_RESET (5: IMEX, newer drivers).
 _ACTION_OF_RECOVERY: dict[int, Action] = {1: "reset_gpu", 2: "reboot_node", 3: "reset_gpu", 4: "reset_gpu"}

@@ -18,6 +18,7 @@ from gpuwatch.config.settings import ProbeSection
 from gpuwatch.core.exitcodes import WORKER_NO_ENGINE
 from gpuwatch.core.latch import Latch
 from gpuwatch.core.model import GpuIdentity, GpuSample
+from gpuwatch.core.thresholds import runbook_reference
 from gpuwatch.probe.baseline import BaselineKey, Baselines, Mode
 from gpuwatch.probe.children import _Child, _failure, _last_json
 from gpuwatch.probe.readings import SpeedLog, _previous, _telemetry
@@ -90,6 +91,17 @@ class Conclusions:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("probe on GPU %d returned a malformed result: %s", identity.index, exc)
             return self._outcome(identity, "failed", f"malformed worker result: {exc}")
+        check = measured.compute_check
+        if check is not None and check.wrong:  # wrong whoever else ran meanwhile: a compute error, never "slow"
+            why = check.describe()
+            log.error(
+                "probe on GPU %d (%s) computed a %s: drain the GPU and reset it (%s)",
+                identity.index,
+                identity.uuid,
+                why,
+                runbook_reference("GpuComputeErrors"),
+            )
+            return self._outcome(identity, "compute_error", why, measured=measured, wall_seconds=wall)
         if child.foreign_pids:
             pids = ", ".join(str(p) for p in sorted(child.foreign_pids))
             return self._outcome(identity, "skipped_busy", f"result discarded: process {pids} appeared meanwhile")

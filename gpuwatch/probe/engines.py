@@ -9,6 +9,7 @@ worker's measuring logic is the same on every engine.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwatch.probe.baseline import median
+from gpuwatch.probe.checksum import CORRUPT_SCALE, CheckResult, check_columns, corruption_targets
 
 ITERATION_BATCH_SECONDS = 0.025  # how much work is queued between two looks at the clock
 
@@ -34,7 +36,8 @@ class Engine:
     blas_version = ""
     device = ""  # cuda, rocm, cpu
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
+        """Allocate random-normal inputs (`seed`: the probe always draws 0; the false-alarm benchmark many)."""
         raise NotImplementedError
 
     def run(self, count: int) -> None:
@@ -50,6 +53,14 @@ class Engine:
 
     def copies(self, nbytes: int) -> dict[str, Any]:
         """Copy bandwidths: h2d/d2h bytes per second (pinned) on a GPU; a clearly labelled memcpy on the CPU."""
+        raise NotImplementedError
+
+    def check(self) -> CheckResult:
+        """Whether the last matmul's output is A·B (gpuwatch/probe/checksum.py), after the queued work is done."""
+        raise NotImplementedError
+
+    def corrupt(self, count: int) -> int:
+        """The test hook: make `count` elements of the output wrong on the device, as a faulty GPU would; how many."""
         raise NotImplementedError
 
 
@@ -133,16 +144,18 @@ class TorchEngine(Engine):
         self._a: Any = None
         self._b: Any = None
         self._out: Any = None
+        self._dtype = ""
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
         torch = self._torch
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         if self.device != "cpu":
             torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, not TF32
-        gen = torch.Generator(device=self._dev).manual_seed(0)
+        gen = torch.Generator(device=self._dev).manual_seed(seed)
         self._a = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._b = torch.randn((n, n), generator=gen, device=self._dev, dtype=torch.float32).to(dt)
         self._out = torch.empty((n, n), device=self._dev, dtype=dt)
+        self._dtype = dtype
         self.run(1)  # a GEMM that cannot run (no kernel for this dtype here) fails now, where auto can move on
         self.synchronize()
 
@@ -186,6 +199,37 @@ class TorchEngine(Engine):
             return float(start.elapsed_time(end)) / 1000.0
 
         return _copy_bandwidths(lambda: once(dev, host), lambda: once(host, dev), nbytes)
+
+    def check(self) -> CheckResult:
+        self.synchronize()
+        f64 = self._torch.float64
+        # cuBLAS and hipBLASLt tensor cores align addends with truncation (Fasi et al. 2021): the conservative bound.
+        return _timed_check(
+            lambda: check_columns(
+                self._a,
+                self._b,
+                self._out,
+                dtype=self._dtype,
+                truncating=self.device != "cpu",
+                to64=lambda x: x.to(f64),
+            )
+        )
+
+    def corrupt(self, count: int) -> int:
+        self.synchronize()
+        out, f64 = self._out, self._torch.float64
+        targets = corruption_targets(int(out.shape[0]), count)
+        for row, column in targets:
+            norm = float(out[:, column].to(f64).norm())
+            out[row, column] = float(out[row, column]) + CORRUPT_SCALE * norm
+        self.synchronize()
+        return len(targets)
+
+
+def _timed_check(run: Callable[[], CheckResult]) -> CheckResult:
+    started = time.perf_counter()
+    result = run()
+    return dataclasses.replace(result, seconds=time.perf_counter() - started)
 
 
 def _cublas_version(cuda: str) -> str:
@@ -235,6 +279,7 @@ class CupyEngine(Engine):
         self.blas_version = self._blas_version()
         self._gemm: Any = None
         self._keep: list[Any] = []
+        self._dtype = ""
 
     def _blas_version(self) -> str:
         cp = self._cp
@@ -244,9 +289,9 @@ class CupyEngine(Engine):
         except Exception:  # fall back to the runtime, which pins the cuBLAS of a CuPy wheel
             return f"cublas (cuda runtime {cp.cuda.runtime.runtimeGetVersion()})"
 
-    def prepare(self, n: int, dtype: str) -> None:
+    def prepare(self, n: int, dtype: str, seed: int = 0) -> None:
         cp = self._cp
-        rng = cp.random.RandomState(0)
+        rng = cp.random.RandomState(seed)
         a32 = rng.standard_normal((n, n), dtype=cp.float32)
         b32 = rng.standard_normal((n, n), dtype=cp.float32)
         if dtype == "bf16":
@@ -262,6 +307,7 @@ class CupyEngine(Engine):
             matmul = cp.matmul
             self._gemm = lambda: matmul(a, b, out=out)
         self._keep = [a, b, out]
+        self._dtype = dtype
         self.run(1)  # a cuBLAS call that fails (an unsupported type, a bad argument) fails now, where auto can move on
         self.synchronize()
 
@@ -313,6 +359,32 @@ class CupyEngine(Engine):
         h2d = lambda: once(dev.data.ptr, host.ctypes.data, runtime.memcpyHostToDevice)  # noqa: E731
         d2h = lambda: once(host.ctypes.data, dev.data.ptr, runtime.memcpyDeviceToHost)  # noqa: E731
         return _copy_bandwidths(h2d, d2h, nbytes)
+
+    def _to64(self, block: Any) -> Any:
+        cp = self._cp
+        if self._dtype == "bf16":  # raw bits: a bf16 is the top half of a float32
+            return (block.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+        return block.astype(cp.float64)
+
+    def check(self) -> CheckResult:
+        self.synchronize()
+        a, b, out = self._keep
+        return _timed_check(lambda: check_columns(a, b, out, dtype=self._dtype, truncating=True, to64=self._to64))
+
+    def corrupt(self, count: int) -> int:
+        numpy: Any = importlib.import_module("numpy")
+        self.synchronize()
+        out = self._keep[2]
+        targets = corruption_targets(int(out.shape[0]), count)
+        for row, column in targets:
+            norm = float(self._cp.linalg.norm(self._to64(out[:, column])))
+            value = float(self._to64(out[row : row + 1, column])[0]) + CORRUPT_SCALE * norm
+            if self._dtype == "bf16":
+                out[row, column] = int(numpy.array(value, dtype=numpy.float32).view(numpy.uint32)) >> 16
+            else:
+                out[row, column] = value
+        self.synchronize()
+        return len(targets)
 
 
 # --- shared timing helpers -------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The runner starts one per GPU, pinned to it by UUID (``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``), so the
 agent never holds a CUDA context or imports an array library. The worker warms the GPU up until the runner says, on
 stdin, that the power limit is reached (it watches the vendor library; ``--power-signal``) or a bounded time passes,
-then times each matmul over a measured window, then times pinned host<->device copies. ``gpu_time_seconds`` covers all
+then times each matmul over a measured window, checks the last one's result against its column checksums
+(``compute_check``; gpuwatch/probe/checksum.py), then times pinned host<->device copies. ``gpu_time_seconds`` covers all
 three: from the first warm-up matmul to the end of the last copy.
 
 Exit status (gpuwatch/core/exitcodes.py, WORKER_*): 0 with a result; 3 when the probe cannot run here (no engine:
@@ -15,17 +16,21 @@ Any other worker a launcher starts (gpuwatch/probe/launch.py) takes these argume
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import select
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from gpuwatch.core.exitcodes import WORKER_FAILED, WORKER_NO_ENGINE, WORKER_OK
 from gpuwatch.core.model import ProbeDtype, ProbeEngineChoice, Vendor
 from gpuwatch.probe.protocol import CAPPED_LINE
+
+if TYPE_CHECKING:
+    from gpuwatch.probe.engines import Engine
 
 
 def build_parser(
@@ -45,7 +50,21 @@ def build_parser(
     p.add_argument("--measure", type=float, default=1.0, help="measured window (s)")
     p.add_argument("--copy-mib", type=int, default=256, help="size of each host<->device copy (MiB); 0 = none")
     p.add_argument("--power-signal", action="store_true", help=f"the runner writes {CAPPED_LINE!r} on stdin")
+    # The test hook of the checked result (tests, the hardware kit, the simulated node's `corrupt` scenario): make
+    # this many elements of the last matmul's output wrong on the device before the check. Hidden from --help.
+    p.add_argument("--corrupt-elements", type=_count, default=0, help=argparse.SUPPRESS)
     return p
+
+
+def _count(text: str) -> int:
+    """A count of 0 or more, or a clear error that says so."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (give 0 or more)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (give 0 or more)")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,6 +142,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not rates:
         raise RuntimeError("no timed iteration took measurable time")
     median, p10, p90 = _quantile(rates, 0.5), _quantile(rates, 0.1), _quantile(rates, 0.9)
+    corrupted = engine.corrupt(args.corrupt_elements) if args.corrupt_elements else 0
+    check = checked(engine, corrupted)
     copies = engine.copies(args.copy_mib * 2**20) if args.copy_mib > 0 else {"copy_kind": "none"}
     engine.synchronize()
     gpu_time = time.perf_counter() - warm_started  # the GPU was ours from the first warm-up matmul to the last copy
@@ -140,8 +161,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "startup_seconds": ready - started,
         "wall_seconds": time.perf_counter() - started,
         "engines_passed_over": passed_over,  # e.g. "cupy: CUDA driver version is insufficient…" before torch ran
+        "compute_check": check,  # bad_columns > 0: a wrong result, a compute error (never "slow")
         **copies,
     }
+
+
+def checked(engine: Engine, corrupted: int) -> dict[str, Any]:
+    """The last matmul's output against its column checksums (gpuwatch/probe/checksum.py). A check that cannot run
+    (no room for its float64 blocks on a full GPU) says so and why, and leaves the measurement standing."""
+    try:
+        result = engine.check()
+    except Exception as exc:  # the array library's own errors (out of memory) differ between engines
+        return {"ran": False, "why": f"the check could not run: {type(exc).__name__}: {exc}"}
+    return dataclasses.replace(result, corrupted=corrupted).as_json()
 
 
 def throughput_fields(args: argparse.Namespace, median: float, p10: float, p90: float) -> dict[str, Any]:

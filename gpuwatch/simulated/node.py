@@ -60,7 +60,9 @@ def simulated_sources(
         if host
         else []
     )
-    launcher = simulated_probe_launcher(node.probe_slowdown, config.state_dir, clock=clock or time.time, node=node)
+    launcher = simulated_probe_launcher(
+        node.probe_slowdown, config.state_dir, clock=clock or time.time, node=node, corrupt=node.probe_corrupt
+    )
     procfs = simulated_procfs(node, sim.boot)
     return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs)
 

@@ -142,6 +142,7 @@ class GpuPlan:
     lost_after_s: float | None = None
     events: tuple[tuple[float, int], ...] = ()  # (seconds after start, XID) on this GPU
     probe_slowdown: float = 0.0  # share of throughput a probe loses on this GPU (0.2 = 20 % slow)
+    probe_corrupt: int = 0  # elements of each probe's matmul this GPU gets wrong (silent data corruption)
     hang_after_s: float | None = None  # from then on, a vendor library call on this GPU never returns
     # What the GPU's job does with it (activity.py): training, dataloader_starved (busy, few SMs working),
     # idle_allocated (not busy, a process holds memory); None: by `busy`.

@@ -42,6 +42,8 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
         put(fault_gpu, busy=True, power_limit_watts=450.0)
     elif scenario == "underperforming":
         put(fault_gpu, fault=scenario, probe_slowdown=0.2)
+    elif scenario == "corrupt":
+        put(fault_gpu, probe_corrupt=SCENARIOS[scenario].probe_corrupt[FAULT_GPU])
     elif scenario == "xid":
         put(fault_gpu, fault=scenario, events=((2.0, 13), (5.0, 79)))
     elif scenario in ("ecc_uncorrectable", "row_remap_failure"):

@@ -80,6 +80,7 @@ class SimulatedWorkerCommand:
     seconds: float = 0.2
     fault: str = "none"
     node: SimulatedNode | None = None
+    corrupt: Mapping[int, int] = field(default_factory=dict)  # GPU index -> elements its matmul gets wrong
     _baselines: Baselines | None = field(default=None, init=False)
     _pid_dir: Path | None = field(default=None, init=False)
     _spawns: itertools.count[int] = field(default_factory=itertools.count, init=False)
@@ -101,7 +102,20 @@ class SimulatedWorkerCommand:
             "--seconds", str(self.seconds),
             "--fault", self.fault,
             *load,
+            *self._check(identity.index),
         ]  # fmt: skip
+
+    def _check(self, index: int) -> list[str]:
+        """On a node with a corrupt GPU, that GPU's worker checks a real matmul on the CPU with its elements corrupted,
+        and the lowest healthy GPU's the same matmul uncorrupted (the control); the others, and every GPU of other
+        scenarios, report the check as not run: importing torch costs each worker about a second of CPU, too much
+        for every probe of every GPU of a demo."""
+        if not self.corrupt:
+            return []
+        if index in self.corrupt:
+            return ["--check-on-cpu", "--corrupt-elements", str(self.corrupt[index])]
+        control = min(i for i in range(len(self.corrupt) + 1) if i not in self.corrupt)
+        return ["--check-on-cpu"] if index == control else []
 
     def _pid_directory(self) -> Path:
         """A private directory for the workers' PID files, removed when this command goes or the process exits."""
@@ -119,8 +133,10 @@ def simulated_probe_launcher(
     seconds: float = 0.2,
     fault: str = "none",
     node: SimulatedNode | None = None,
+    corrupt: Mapping[int, int] | None = None,
 ) -> WorkerLauncher:
     """The launcher of the simulated node's probe worker (`slowdown`: GPU index -> share of throughput lost; `node`:
-    the node whose physics the probe's load runs on, None for a worker that loads no GPU)."""
-    command = SimulatedWorkerCommand(dict(slowdown), state_dir, clock, seconds, fault, node)
+    the node whose physics the probe's load runs on, None for a worker that loads no GPU; `corrupt`: GPU index ->
+    elements of its matmul the checked result finds wrong)."""
+    command = SimulatedWorkerCommand(dict(slowdown), state_dir, clock, seconds, fault, node, dict(corrupt or {}))
     return WorkerLauncher(command, engines=lambda: ["simulated worker"], pid_namespace_inode=lambda: PROC_PID_INIT_INO)

@@ -5,6 +5,12 @@ and reports an H100 SXM without an engine: at the SM clock its GPU's physics giv
 ``--slowdown``. It warms up as the production worker does, until the runner says the power limit is reached (at most
 ``--warmup-max``; the simulated GPU needs no minimum), and reports power_capped as that worker would.
 
+The checked result (``compute_check``) is real where it can be: with ``--check-on-cpu`` and torch importable, the
+worker runs the production engine's check (gpuwatch/probe/checksum.py through TorchEngine) on a real small matmul on
+the CPU, after corrupting ``--corrupt-elements`` of its output as the faulty GPU of scenario ``corrupt`` would; its
+``engine`` says so. Without torch (the demo on a bare machine) or without the flag it reports the check as not run
+(``"ran": false`` and why) rather than pretend.
+
 ``--fault`` makes it misbehave as a broken worker would (crash: SIGABRT; hang: never answers; garbage: a result
 the runner must reject), for the tests of the runner's supervision. gpuwatch/simulated/probe_launcher.py starts it.
 """
@@ -12,6 +18,9 @@ the runner must reject), for the tests of the runner's supervision. gpuwatch/sim
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
+import importlib.util
 import os
 import random
 import sys
@@ -42,6 +51,9 @@ def simulated_parser() -> argparse.ArgumentParser:
         "--clock-share", type=float, default=1.0, help="SM clock under the probe's load / a healthy GPU's (physics)"
     )
     p.add_argument("--pid-file", default="", help="write this process's PID here as it starts (the launcher's)")
+    p.add_argument(
+        "--check-on-cpu", action="store_true", help="check a real small matmul on the CPU (torch) for compute_check"
+    )
     return p
 
 
@@ -72,6 +84,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     warmup_seconds = time.perf_counter() - warm_started
     power_capped = signal.poll() if signal.watching else None
     time.sleep(max(0.0, args.seconds))
+    check = cpu_check(args.dtype, args.corrupt_elements) if args.check_on_cpu else not_checked(NOT_ASKED)
     throughput = SIM_FLOPS[args.dtype] * args.clock_share * (1.0 - args.slowdown)
     median = throughput * (1.0 + rng.gauss(0.0, PROBE_CV))
     p10 = median * (1.0 - 0.14 - abs(rng.gauss(0.0, 0.015)))
@@ -92,7 +105,35 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         "copy_bytes": args.copy_mib * 2**20,
         "h2d_bytes_per_second": SIM_H2D * (1.0 + rng.gauss(0.0, 0.003)),
         "d2h_bytes_per_second": SIM_D2H * (1.0 + rng.gauss(0.0, 0.003)),
+        "compute_check": check,
     }
+
+
+CHECK_SIZE = 256  # n of the real matmul checked on the CPU: a few milliseconds, the same code as on a GPU
+NOT_ASKED = (
+    "the simulated GPU computes nothing; the simulated node checks a real matmul on the CPU only for its corrupt GPU "
+    "and one healthy control GPU (scenario corrupt)"
+)
+NO_TORCH = "torch is not installed: the simulated node cannot run the real check on the CPU (pip install torch)"
+
+
+def not_checked(why: str) -> dict[str, Any]:
+    return {"ran": False, "why": why}
+
+
+def cpu_check(dtype: str, corrupt: int) -> dict[str, Any]:
+    """The production engine's check of a real CPU matmul standing in for the simulated GPU's, `corrupt` elements of
+    its output made wrong first; not run (and why) without torch."""
+    if importlib.util.find_spec("torch") is None:
+        return not_checked(NO_TORCH)
+    from gpuwatch.probe.engines import TorchEngine
+
+    engine = TorchEngine("cpu")
+    importlib.import_module("torch").set_num_threads(1)  # eight workers at once on a small machine: one core each
+    engine.prepare(CHECK_SIZE, dtype)
+    corrupted = engine.corrupt(corrupt) if corrupt else 0
+    result = dataclasses.replace(engine.check(), corrupted=corrupted)
+    return {**result.as_json(), "engine": f"torch {engine.version} on the CPU, {CHECK_SIZE}x{CHECK_SIZE} (stands in)"}
 
 
 def _write_pid(path: str) -> None:

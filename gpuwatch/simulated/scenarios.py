@@ -233,10 +233,17 @@ class SimulatedNode:
         return {i: p.probe_slowdown for i, p in enumerate(self._plans) if p.probe_slowdown}
 
     @property
+    def probe_corrupt(self) -> dict[int, int]:
+        """GPU -> elements of each probe's matmul it gets wrong; for the simulated probe."""
+        return {i: p.probe_corrupt for i, p in enumerate(self._plans) if p.probe_corrupt}
+
+    @property
     def fault_gpus(self) -> tuple[int, ...]:
         """The GPUs of this node that show a fault (or a power limit below default)."""
         return tuple(
-            i for i, p in enumerate(self._plans) if p.fault or p.power_limit_watts or p.probe_slowdown or p.events
+            i
+            for i, p in enumerate(self._plans)
+            if p.fault or p.power_limit_watts or p.probe_slowdown or p.probe_corrupt or p.events
         )
 
     def plan(self, index: int) -> GpuPlan:

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-ProbeResult = Literal["ok", "skipped_busy", "skipped_unsupported", "failed", "timeout"]
+# compute_error: the probe ran and its result was wrong (its column checksums disagree beyond rounding): never "ok",
+# never slow, never part of a baseline.
+ProbeResult = Literal["ok", "skipped_busy", "skipped_unsupported", "failed", "timeout", "compute_error"]
 RESULTS: tuple[ProbeResult, ...] = get_args(ProbeResult)
 
 # The highest probe throughput believed, in FLOP/s. The fastest GPUs peak at about 2.5e15 dense in bf16 (the probe's
@@ -36,6 +38,60 @@ def plausible_flops(value: object) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ComputeCheck:
+    """The worker's check of its last matmul (gpuwatch/probe/checksum.py): `ran` false where it could not check
+    (the simulated node without torch says so rather than pretend)."""
+
+    ran: bool
+    columns: int = 0
+    bad_columns: int = 0
+    worst_excess: float | None = None  # the largest |difference| / tolerance; None: not finite (NaN, inf)
+    tolerance: float | None = None
+    corrupted_elements: int = 0  # the test hook's, so a planted error is never mistaken for the hardware's
+    why: str = ""  # why it did not run
+    engine: str = ""  # what computed the checked matmul when not the probe's own engine (the simulated node's)
+
+    @property
+    def wrong(self) -> bool:
+        return self.ran and self.bad_columns > 0
+
+    @staticmethod
+    def from_json(data: object) -> ComputeCheck:
+        """Parse a worker's compute_check; TypeError/ValueError when it is malformed."""
+        if not isinstance(data, dict):
+            raise TypeError(f"compute_check must be an object, got {data!r}")
+        ran = data.get("ran")
+        if not isinstance(ran, bool):
+            raise TypeError(f"compute_check.ran must be a boolean, got {ran!r}")
+        if not ran:
+            return ComputeCheck(False, why=str(data.get("why", "")), engine=str(data.get("engine", "")))
+        columns, bad = data.get("columns"), data.get("bad_columns")
+        if not (isinstance(columns, int) and isinstance(bad, int) and 0 <= bad <= columns):
+            raise ValueError(f"compute_check needs 0 <= bad_columns <= columns, got {bad!r} of {columns!r}")
+        excess, tolerance = data.get("worst_excess"), data.get("tolerance")
+        corrupted = data.get("corrupted_elements", 0)
+        return ComputeCheck(
+            True,
+            columns,
+            bad,
+            None if excess is None else float(excess),
+            None if tolerance is None else float(tolerance),
+            int(corrupted),
+            engine=str(data.get("engine", "")),
+        )
+
+    def describe(self) -> str:
+        """One line for a reason, a log line and the ledger's evidence."""
+        if not self.ran:
+            return f"result not checked: {self.why or 'no reason given'}"
+        worst = "not finite" if self.worst_excess is None else f"{self.worst_excess:.3g}x its tolerance"
+        planted = (
+            f" ({self.corrupted_elements} corrupted on purpose by the test hook)" if self.corrupted_elements else ""
+        )
+        return f"wrong result: {self.bad_columns} of {self.columns} column checksums disagree (worst {worst}){planted}"
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerResult:
     """What one worker child measured (its JSON, typed)."""
 
@@ -55,6 +111,7 @@ class WorkerResult:
     d2h_bytes_per_second: float | None
     copy_kind: str
     device: str
+    compute_check: ComputeCheck | None = None  # None: the worker did not check (one from before the check existed)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> WorkerResult:
@@ -84,6 +141,7 @@ class WorkerResult:
             d2h_bytes_per_second=opt("d2h_bytes_per_second"),
             copy_kind=str(data.get("copy_kind", "")),
             device=str(data.get("device", "")),
+            compute_check=None if data.get("compute_check") is None else ComputeCheck.from_json(data["compute_check"]),
         )
         if not plausible_flops(result.flops_median):
             raise ValueError(
@@ -133,6 +191,7 @@ class ProbeView:
     runs: dict[str, dict[str, int]] = field(default_factory=dict)
     last_ok: dict[str, ProbeOutcome] = field(default_factory=dict)
     last_any: dict[str, ProbeOutcome] = field(default_factory=dict)
+    last_compute_error: dict[str, ProbeOutcome] = field(default_factory=dict)  # uuid -> its last wrong result
     baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # uuid -> (dtype, FLOP/s)
     previous_baselines: dict[str, tuple[str, float]] = field(default_factory=dict)  # before the current key
     # uuid -> (start, end; None while it runs) of the GPU's last probe: a sample taken within shows the probe's own load
@@ -164,7 +223,16 @@ class ProbeBook:
             last_ok = dict(v.last_ok)
             if outcome.result == "ok":
                 last_ok[outcome.uuid] = outcome
-            self._view = replace(v, runs=runs, last_ok=last_ok, last_any={**v.last_any, outcome.uuid: outcome})
+            errors = v.last_compute_error
+            if outcome.result == "compute_error":
+                errors = {**errors, outcome.uuid: outcome}
+            self._view = replace(
+                v,
+                runs=runs,
+                last_ok=last_ok,
+                last_any={**v.last_any, outcome.uuid: outcome},
+                last_compute_error=errors,
+            )
 
     def set_baseline(
         self, uuid: str, dtype: str, flops: float | None, previous: tuple[str, float] | None = None
