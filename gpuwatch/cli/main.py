@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--state-dir", type=Path, help="the agent's state dir (default: the configured one)")
     repair.add_argument("--config", type=Path)
     _add_probe_parser(sub)
+    _add_diag_parser(sub)
     _add_fleet_parser(sub)
     _add_slurm_parser(sub)
     return parser
@@ -276,6 +277,28 @@ def _add_probe_parser(sub: Any) -> None:
     probe.add_argument("--backend", choices=BACKENDS)
     probe.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks)")
     _add_simulation_flags(probe)
+
+
+def _add_diag_parser(sub: Any) -> None:
+    diag = sub.add_parser(
+        "diag",
+        help="deep tests on idle GPUs: memory patterns, PCIe bandwidth, a sustained matmul (docs/diag.md)",
+        description="Run deep tests on idle GPUs (default: all of the node's), each GPU's in a child process pinned "
+        "to it, under deadlines: an HBM pattern test, host<->device bandwidth against the link's nominal, a sustained "
+        "matmul at the power cap with the vendor library's clocks, power and temperature; an all-reduce and dcgmi "
+        "diag where they can run. Level 1 takes at most 30 s per GPU, level 3 minutes. Refuses a busy GPU unless "
+        "--force; never overlaps the agent's probe. The results go to the state dir, where the agent exports them. "
+        f"Exit {EXIT_OK} when no test failed, {EXIT_NOT_OK} when one did, {EXIT_USAGE} on bad usage, "
+        f"{EXIT_UNAVAILABLE} when it cannot run (no GPU, a busy GPU without --force).",
+    )
+    diag.add_argument("--level", type=int, choices=(1, 2, 3), default=1, help="1: ≤30 s per GPU; 3: minutes")
+    diag.add_argument("--gpu", type=int, action="append", default=[], metavar="N", help="GPU index (repeatable)")
+    diag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    diag.add_argument("--force", action="store_true", help="test a busy GPU too (it disturbs its work)")
+    diag.add_argument("--config", type=Path)
+    diag.add_argument("--backend", choices=BACKENDS)
+    diag.add_argument("--state-dir", type=Path, help="the agent's state dir (results, probe locks)")
+    _add_simulation_flags(diag)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -406,6 +429,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.slurm_command == "epilog":
             return slurm_command.epilog(config, args.url, args.node, args.budget)
         return slurm_command.health_check(config, args.url, args.node, args.budget)
+    if args.command == "diag":
+        from gpuwatch.cli.diag_command import diag
+
+        if config.agent.backend == "simulated" and not config.agent.state_dir and "STATE_DIRECTORY" not in os.environ:
+            if not _use_demo_state_dir(args, overrides, "diag"):  # the demo's state dir, never /var/lib/gpuwatch
+                return EXIT_UNAVAILABLE
+            config = load_config(path, overrides)
+        return diag(config, level=args.level, gpus=args.gpu, as_json=args.json, force=args.force)
     if args.command == "probe":
         from gpuwatch.cli.probe_command import probe
 

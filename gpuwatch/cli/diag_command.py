@@ -1,0 +1,79 @@
+"""`gpuwatch diag`: deep tests on idle GPUs (docs/diag.md), each GPU's in a child process pinned to it, under
+deadlines; the results printed (a table, or --json), written to the state dir for the agent (`diag_results.json`:
+metrics, findings, the fault ledger) and summed up in the exit status."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuwatch.cli.probe_command import NodeUnavailable, polled_node
+from gpuwatch.config.settings import Config
+from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE
+from gpuwatch.files.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
+from gpuwatch.files.statefile import StateDirError
+from gpuwatch.probe.diag import DiagRefused, DiagRunner, GpuDiag
+from gpuwatch.probe.diag_node import node_tests
+from gpuwatch.probe.diag_results import record_results
+from gpuwatch.probe.locks import LockUnavailable
+
+
+def diag(
+    config: Config,
+    *,
+    level: int,
+    gpus: list[int],
+    as_json: bool,
+    force: bool,
+    say: Callable[[str], None] | None = None,
+) -> int:
+    """Run the level's tests; exit 0 when none failed, 1 when one did, 69 when it cannot run."""
+    progress = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        require_safe_state_dir(config.state_dir)
+    except StateDirUnsafe as exc:
+        print(f"gpuwatch diag: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    with contextlib.suppress(OSError):
+        config.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        with polled_node(config) as (store, sources):
+            runner = DiagRunner(
+                store,
+                config.state_dir,
+                sources.diag_launcher,
+                level=level,
+                idle_utilization_ratio=config.probe.idle_utilization_ratio,
+                progress=progress,
+                node_tests=node_tests,
+            )
+            diags = runner.run(runner.choose(set(gpus), force=force))
+    except (NodeUnavailable, LockUnavailable, DiagRefused) as exc:
+        print(f"gpuwatch diag: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        path = record_results(config.state_dir, [d.record(level, time.time()) for d in diags])
+        progress(f"results written to {path} (the agent exports them within a poll interval)")
+    except StateDirError as exc:
+        print(f"gpuwatch diag: the results could not be written for the agent: {exc}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(document(diags, level), indent=2))
+    else:
+        print_table(diags)
+    failed = any(t.result == "fail" for d in diags for t in d.tests)
+    return EXIT_NOT_OK if failed else EXIT_OK
+
+
+def document(diags: list[GpuDiag], level: int) -> dict[str, Any]:
+    return {"level": level, "gpus": [d.as_json() for d in diags]}
+
+
+def print_table(diags: list[GpuDiag]) -> None:
+    print(f"{'GPU':>3}  {'test':<10} {'result':<6} {'s':>6}  detail")
+    for d in diags:
+        for t in d.tests:
+            print(f"{d.identity.index:>3}  {t.name:<10} {t.result:<6} {t.seconds:>6.1f}  {t.detail}")
