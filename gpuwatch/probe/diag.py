@@ -326,13 +326,19 @@ class DiagRunner:
             stuck = "" if r.proc.poll() is not None else " (it did not die: stuck in the driver?)"
             if r.current is not None:
                 diag.tests.append(
-                    TestOutcome(r.current, "fail", f"did not finish within {scope}: the child was killed{stuck}",
-                                now - r.current_started)  # fmt: skip
+                    TestOutcome(
+                        r.current,
+                        "fail",
+                        f"did not finish within {scope}: the child was killed{stuck}",
+                        now - r.current_started,
+                    )
                 )
                 r.pending.remove(r.current)
             else:
                 first = r.pending.pop(0)
-                diag.tests.append(TestOutcome(first, "fail", f"the diag child did not start within {scope}{stuck}", 0.0))
+                diag.tests.append(
+                    TestOutcome(first, "fail", f"the diag child did not start within {scope}{stuck}", 0.0)
+                )
             self._respawn_or_end(r, diag, now)
 
     def _event(self, r: _Running, diag: GpuDiag, line: bytes, now: float) -> None:
@@ -368,8 +374,12 @@ class DiagRunner:
             tail = b"".join(r.stderr).decode(errors="replace").strip()[-300:]
             name = r.current or r.pending[0]
             diag.tests.append(
-                TestOutcome(name, "fail", f"the diag child exited with status {code} in this test: {tail or 'no output'}",
-                            now - r.current_started if r.current else 0.0)  # fmt: skip
+                TestOutcome(
+                    name,
+                    "fail",
+                    f"the diag child exited with status {code} in this test: {tail or 'no output'}",
+                    now - r.current_started if r.current else 0.0,
+                )
             )
             r.pending.remove(name)
             self._respawn_or_end(r, diag, now)
@@ -481,11 +491,15 @@ def _telemetry_note(samples: list[GpuSample]) -> str:
         return "; no readings during the run"
     clocks = [c for s in samples if (c := s.clock_hertz.get("sm")) is not None]
     power = [p for s in samples if (p := s.power_watts) is not None]
-    temps = [t for s in samples if (t := s.temperature_celsius.get("gpu", s.temperature_celsius.get("edge"))) is not None]
+    temps = [
+        t for s in samples if (t := s.temperature_celsius.get("core", s.temperature_celsius.get("edge"))) is not None
+    ]
     limit = next((s.power_limit_watts.get("enforced") for s in reversed(samples) if s.power_limit_watts), None)
     parts = [f"{len(samples)} readings"]
     if clocks:
-        parts.append(f"SM {min(clocks) / 1e6:.0f}-{max(clocks) / 1e6:.0f} MHz (mean {statistics.mean(clocks) / 1e6:.0f})")
+        parts.append(
+            f"SM {min(clocks) / 1e6:.0f}-{max(clocks) / 1e6:.0f} MHz (mean {statistics.mean(clocks) / 1e6:.0f})"
+        )
     if power:
         cap = f" of {limit:.0f} W" if limit else ""
         parts.append(f"power mean {statistics.mean(power):.0f} W{cap}")
@@ -507,4 +521,3 @@ def _read_all(stream: Any, sink: list[bytes]) -> None:
             sink.append(chunk)
             if len(sink) > 64:
                 del sink[:-8]
-

@@ -69,7 +69,9 @@ def dcgm(
     """`dcgmi diag -r LEVEL -j` folded in: one outcome per GPU (fail when any of its results failed)."""
     dcgmi = which("dcgmi")
     if dcgmi is None:
-        return {i.uuid: TestOutcome("dcgm", "skip", "DCGM is not installed (no dcgmi on PATH)", 0.0) for i in identities}
+        return {
+            i.uuid: TestOutcome("dcgm", "skip", "DCGM is not installed (no dcgmi on PATH)", 0.0) for i in identities
+        }
     indices = ",".join(str(i.index) for i in identities)
     started = time.monotonic()
     try:

@@ -60,7 +60,9 @@ def record_results(state_dir: Path, gpus: Iterable[GpuRecord]) -> Path:
         tests = {**(dict(old.tests) if old is not None else {}), **gpu.tests}
         merged[gpu.uuid] = GpuRecord(gpu.uuid, gpu.index, tests)
     path = results_path(state_dir)
-    atomic_write_json(path, {"kind": KIND, "version": STATE_VERSION, "gpus": {u: _gpu_json(g) for u, g in merged.items()}})
+    atomic_write_json(
+        path, {"kind": KIND, "version": STATE_VERSION, "gpus": {u: _gpu_json(g) for u, g in merged.items()}}
+    )
     return path
 
 
@@ -88,7 +90,12 @@ def _problem(data: dict[str, Any]) -> str | None:
                 return f"GPU {uuid!r} test {name!r} has no result of {', '.join(RESULTS)}"
             for key in ("seconds", "at"):
                 value = test.get(key)
-                if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                if (
+                    not isinstance(value, int | float)
+                    or isinstance(value, bool)
+                    or not math.isfinite(value)
+                    or value < 0
+                ):
                     return f"GPU {uuid!r} test {name!r} has no valid {key!r}"
     return None
 

@@ -32,7 +32,9 @@ HEADROOM_BYTES = 2 * 2**30  # left free on the device for the temporaries and th
 WALKING_BITS = {1: (0, 8, 16, 31), 2: (0, 4, 8, 12, 16, 20, 24, 28, 31), 3: tuple(range(32))}
 
 
-def build_parser(prog: str = "python -m gpuwatch.probe.diag_worker", doc: str | None = __doc__) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str = "python -m gpuwatch.probe.diag_worker", doc: str | None = __doc__
+) -> argparse.ArgumentParser:
     """The diag child's command line (what gpuwatch/probe/diag.py passes every diag child)."""
     p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print JSON lines (the only output format)")
@@ -111,10 +113,13 @@ def hbm_bytes(torch: Any, device: Any, args: argparse.Namespace) -> int:
     if args.bytes > 0 or device.type != "cuda":
         return max(args.bytes, 4 * 2**20)
     free, _total = torch.cuda.mem_get_info()
-    return max(4 * 2**20, int(args.fraction * max(0, free - HEADROOM_BYTES)))
+    usable: int = int(args.fraction * max(0, int(free) - HEADROOM_BYTES))
+    return max(4 * 2**20, usable)
 
 
-def hbm(torch: Any, device: Any, args: argparse.Namespace, damage: Callable[[Any], None] | None = None) -> dict[str, Any]:
+def hbm(
+    torch: Any, device: Any, args: argparse.Namespace, damage: Callable[[Any], None] | None = None
+) -> dict[str, Any]:
     """Write each pattern over the buffer, read it back and count the words that differ (per pattern). `damage`
     (the simulated node's faulty memory) acts on the buffer between the writes and the reads."""
     nbytes = hbm_bytes(torch, device, args)
@@ -169,8 +174,11 @@ def pcie(torch: Any, device: Any, args: argparse.Namespace) -> dict[str, Any]:
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     rates: dict[str, float] = {}
-    for direction, copy in (("h2d", lambda: dev.copy_(host, non_blocking=True)),
-                            ("d2h", lambda: host.copy_(dev, non_blocking=True))):  # fmt: skip
+    copies: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("h2d", lambda: dev.copy_(host, non_blocking=True)),
+        ("d2h", lambda: host.copy_(dev, non_blocking=True)),
+    )
+    for direction, copy in copies:
         copy()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -54,11 +54,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             diag_worker.emit({"event": "result", "test": test, "skip": f"PyTorch is not installed ({exc})"})
         return WORKER_NO_ENGINE
     rng = random.Random(args.seed)
-    tests = {
-        "hbm": lambda t, d, a: _hang(a, "hbm") or diag_worker.hbm(t, d, a, _stuck(a)),
-        "pcie": lambda t, d, a: _hang(a, "pcie") or _pcie(a, rng),
-        "sustained": lambda t, d, a: _hang(a, "sustained") or _sustained(t, d, a, rng),
-    }
+
+    def hbm(t: Any, d: Any, a: argparse.Namespace) -> dict[str, Any]:
+        _hang(a, "hbm")
+        return diag_worker.hbm(t, d, a, _stuck(a))
+
+    def pcie(t: Any, d: Any, a: argparse.Namespace) -> dict[str, Any]:
+        _hang(a, "pcie")
+        return _pcie(a, rng)
+
+    def sustained(t: Any, d: Any, a: argparse.Namespace) -> dict[str, Any]:
+        _hang(a, "sustained")
+        return _sustained(t, d, a, rng)
+
+    tests: dict[str, diag_worker.Test] = {"hbm": hbm, "pcie": pcie, "sustained": sustained}
     args.device = "cpu"
     return diag_worker.run_tests(args, torch, tests)
 
