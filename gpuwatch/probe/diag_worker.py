@@ -111,7 +111,7 @@ def _sync(torch: Any, device: Any) -> None:
 def hbm_bytes(torch: Any, device: Any, args: argparse.Namespace) -> int:
     """How much memory the pattern test covers: --bytes, else --fraction of what is free less headroom."""
     if args.bytes > 0 or device.type != "cuda":
-        return max(args.bytes, 4 * 2**20)
+        return max(int(args.bytes), 4 * 2**20)
     free, _total = torch.cuda.mem_get_info()
     usable: int = int(args.fraction * max(0, int(free) - HEADROOM_BYTES))
     return max(4 * 2**20, usable)
