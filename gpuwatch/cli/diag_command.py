@@ -5,7 +5,9 @@ metrics, findings, the fault ledger) and summed up in the exit status."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -22,24 +24,39 @@ from gpuwatch.probe.diag_results import record_results
 from gpuwatch.probe.locks import LockUnavailable
 
 
-def diag(
+def diag(config: Config, *, level: int, gpus: list[int], as_json: bool, force: bool) -> int:
+    """Run the level's tests; exit 0 when none failed, 1 when one did, 69 when it cannot run."""
+    code, diags = run_diag(config, level=level, gpus=gpus, force=force)
+    if diags is None:
+        return code
+    if as_json:
+        print(json.dumps(document(diags, level), indent=2))
+    else:
+        print_table(diags)
+    return code
+
+
+def run_diag(
     config: Config,
     *,
     level: int,
     gpus: list[int],
-    as_json: bool,
     force: bool,
-    say: Callable[[str], None] | None = None,
-) -> int:
-    """Run the level's tests; exit 0 when none failed, 1 when one did, 69 when it cannot run."""
-    progress = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    progress: Callable[[str], None] | None = None,
+    with_dcgm: bool = True,
+    command: str = "diag",
+) -> tuple[int, list[GpuDiag] | None]:
+    """Run the diag and write its results for the agent: the exit status, and the results (None when it could not
+    run, said on stderr)."""
+    say = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     try:
         require_safe_state_dir(config.state_dir)
     except StateDirUnsafe as exc:
-        print(f"gpuwatch diag: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        print(f"gpuwatch {command}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG, None
     with contextlib.suppress(OSError):
         config.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    which = shutil.which if with_dcgm else (lambda _name: None)
     try:
         with polled_node(config) as (store, sources):
             runner = DiagRunner(
@@ -48,24 +65,25 @@ def diag(
                 sources.diag_launcher,
                 level=level,
                 idle_utilization_ratio=config.probe.idle_utilization_ratio,
-                progress=progress,
-                node_tests=node_tests,
+                progress=say,
+                node_tests=functools.partial(node_tests, which=which),
             )
             diags = runner.run(runner.choose(set(gpus), force=force))
     except (NodeUnavailable, LockUnavailable, DiagRefused) as exc:
-        print(f"gpuwatch diag: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        print(f"gpuwatch {command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE, None
     try:
         path = record_results(config.state_dir, [d.record(level, time.time()) for d in diags])
-        progress(f"results written to {path} (the agent exports them within a poll interval)")
+        say(f"results written to {path} (the agent exports them within a poll interval)")
     except StateDirError as exc:
-        print(f"gpuwatch diag: the results could not be written for the agent: {exc}", file=sys.stderr)
-    if as_json:
-        print(json.dumps(document(diags, level), indent=2))
-    else:
-        print_table(diags)
+        print(f"gpuwatch {command}: the results could not be written for the agent: {exc}", file=sys.stderr)
     failed = any(t.result == "fail" for d in diags for t in d.tests)
-    return EXIT_NOT_OK if failed else EXIT_OK
+    return (EXIT_NOT_OK if failed else EXIT_OK), diags
+
+
+def failures(diags: list[GpuDiag]) -> list[str]:
+    """Each failed test as `GPU i test: detail`."""
+    return [f"GPU {d.identity.index} {t.name}: {t.detail}" for d in diags for t in d.tests if t.result == "fail"]
 
 
 def document(diags: list[GpuDiag], level: int) -> dict[str, Any]:

@@ -233,6 +233,15 @@ def _add_slurm_parser(sub: Any) -> None:
     epilog.add_argument("--backend", choices=BACKENDS)
     epilog.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks, hand-over)")
     _add_simulation_flags(epilog)
+    check.add_argument(
+        "--diag-before-resume",
+        action="store_true",
+        help="before resuming a node gpuwatch drained, run gpuwatch diag --level 1 on it and resume only when no test "
+        "failed; it needs 45 s of --budget (and of the HealthCheckProgram/prolog time limit) more (docs/diag.md)",
+    )
+    check.add_argument("--backend", choices=BACKENDS)
+    check.add_argument("--state-dir", type=Path, help="the agent's state dir (diag results, probe locks)")
+    _add_simulation_flags(check)
 
 
 def _add_fleet_parser(sub: Any) -> None:
@@ -428,7 +437,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.slurm_command == "epilog":
             return slurm_command.epilog(config, args.url, args.node, args.budget)
-        return slurm_command.health_check(config, args.url, args.node, args.budget)
+        return slurm_command.health_check(
+            config, args.url, args.node, args.budget, diag_before_resume=args.diag_before_resume
+        )
     if args.command == "diag":
         from gpuwatch.cli.diag_command import diag
 
