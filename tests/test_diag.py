@@ -24,6 +24,7 @@ from gpuwatch.cli.probe_command import polled_node
 from gpuwatch.collectors.configuration import load_config
 from gpuwatch.probe.diag import DiagRunner, LevelPlan
 from gpuwatch.probe.diag_launch import DiagLauncher
+from gpuwatch.probe.diag_node import judge_allreduce
 from gpuwatch.probe.diag_results import read_results
 from gpuwatch.probe.launch import worker_argv
 
@@ -32,7 +33,9 @@ pytest.importorskip("torch")  # the simulated child runs its memory test and mat
 LEVEL_1_BUDGET_S = 30.0
 
 
-def diag(state: Path, *args: str, timeout: float = 120) -> tuple[int, dict[str, Any] | None, str, float]:
+def diag(
+    state: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any] | None, str, float]:
     """`gpuwatch diag --backend simulated --json …`: exit status, its JSON (None when it printed none), stderr, wall."""
     started = time.monotonic()
     done = subprocess.run(
@@ -51,6 +54,7 @@ def diag(state: Path, *args: str, timeout: float = 120) -> tuple[int, dict[str, 
         capture_output=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
     wall = time.monotonic() - started
     out = done.stdout.decode()
@@ -75,6 +79,7 @@ def test_level_1_on_a_healthy_node_passes_every_gpu_test_within_the_deadline(tmp
         assert "power mean" in by_name["sustained"]["detail"]  # the vendor library's readings during the run
         # No NCCL in a CPU build, no dcgmi here: skipped, saying why, never passed.
         assert by_name["allreduce"]["result"] == "skip" and "NCCL" in by_name["allreduce"]["detail"]
+        assert by_name["p2p"] == {**by_name["p2p"], "result": "skip", "detail": "torch's CPU device has no peer link"}
         assert by_name["dcgm"]["result"] == "skip" and "dcgmi" in by_name["dcgm"]["detail"]
         assert sum(t["seconds"] for t in gpu["tests"]) <= LEVEL_1_BUDGET_S
     assert wall < LEVEL_1_BUDGET_S + 30  # the GPUs run at once: the node's start-up and reading it on top
@@ -118,7 +123,8 @@ def test_faulty_memory_fails_the_pattern_test_with_the_words_read_back_wrong(tmp
 def test_a_busy_gpu_is_refused_naming_its_process_and_tested_when_forced(tmp_path: Path) -> None:
     code, doc, err, _ = diag(tmp_path, "--scenario", "busy", "--gpus", "2")
     assert code == 69 and doc is None
-    assert "GPU 0 is busy: held by PID" in err and "--force" in err
+    # Named as the workloads collector names them: the job and its user, from the node's procfs.
+    assert "GPU 0 is busy: held by PID 40000 (slurm_job 4242, user" in err and "--force" in err
     assert not (tmp_path / "diag_results.json").exists()
     code, doc, err, _ = diag(tmp_path, "--scenario", "busy", "--gpus", "2", "--gpu", "0", "--force")
     assert code == 0, err
@@ -154,6 +160,84 @@ def test_a_hung_test_is_killed_at_its_deadline_and_the_tests_left_run_in_a_new_c
     # The second child hangs in nothing else: the bandwidth and the matmul ran and passed.
     assert by_name["pcie"].result == "pass" and by_name["sustained"].result == "pass"
     assert took < 40
+
+
+# `dcgmi diag -r 1 -j` as DCGM 4 prints it (NVIDIA/DCGM testing/python3/dcgm_diag_schema.json): GPU 1 fails memory.
+DCGM_JSON = {
+    "DCGM Diagnostic": {
+        "test_categories": [
+            {
+                "category": "Hardware",
+                "tests": [
+                    {
+                        "name": "memory",
+                        "results": [
+                            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"},
+                            {
+                                "entity_group": "GPU",
+                                "entity_group_id": 1,
+                                "entity_id": 1,
+                                "status": "Fail",
+                                "warnings": [
+                                    {
+                                        "error_category": 1,
+                                        "error_id": 18,
+                                        "error_severity": 2,
+                                        "warning": "GPU 1: memory test found 3 errors",
+                                    }
+                                ],
+                            },
+                        ],
+                        "test_summary": {"status": "Fail"},
+                    }
+                ],
+            }
+        ]
+    },
+    "metadata": {"version": "4.2.3"},
+}
+
+
+def test_dcgmi_diag_is_folded_in_per_gpu_where_it_is_installed(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "dcgmi-calls"
+    (bin_dir / "dcgmi").write_text(
+        f"#!/bin/sh\necho \"$@\" >> {calls}\ncat <<'EOF'\n{json.dumps(DCGM_JSON)}\nEOF\nexit 226\n"
+    )
+    (bin_dir / "dcgmi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    code, doc, err, _ = diag(tmp_path / "state", "--gpus", "2", env=env)
+    assert code == 1, err
+    assert doc is not None
+    by_gpu = results(doc)
+    assert by_gpu[0]["dcgm"] == ("pass", "dcgmi diag -r 1: 1 test(s) passed")
+    assert by_gpu[1]["dcgm"][0] == "fail" and "memory: GPU 1: memory test found 3 errors" in by_gpu[1]["dcgm"][1]
+    assert calls.read_text().split() == ["diag", "-r", "1", "-j", "-i", "0,1"]
+
+
+def test_the_all_reduce_child_sums_right_and_is_held_to_the_gpus_links(tmp_path: Path) -> None:
+    """The child as a GPU node runs it, with gloo on the CPU: real processes, one per rank."""
+    done = subprocess.run(
+        [*worker_argv("gpuwatch.probe.diag_allreduce"), "--world", "2", "--device", "cpu", "--mib", "4"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    doc = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert doc["ok"] and doc["backend"] == "gloo" and doc["wrong_elements"] == 0 and doc["world"] == 2
+    assert doc["busbw_bytes_per_second"] > 0
+    config = load_config(
+        None, {"agent": {"backend": "simulated", "state_dir": str(tmp_path)}, "simulated": {"gpus": 2}}
+    )
+    with polled_node(config) as (store, _sources):
+        snap = store.snapshot()
+        chosen = sorted(((snap.identities[u], s) for u, s in snap.samples.items()), key=lambda p: p[0].index)
+    outcome = judge_allreduce(chosen, doc, 1.0)
+    # A CPU's gloo all-reduce (~1 GB/s) against two simulated H100s' links: far below the floor.
+    assert outcome.result == "fail" and "below 25% of the links' nominal" in outcome.detail
+    assert judge_allreduce(chosen, {**doc, "wrong_elements": 7}, 1.0).detail.startswith("7 elements summed wrong")
 
 
 def _metrics(base: str) -> dict[tuple[str, str, str], float]:

@@ -11,9 +11,11 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpuwatch.cli.probe_command import NodeUnavailable, polled_node
+from gpuwatch.collectors.workloads import WorkloadsSection
 from gpuwatch.config.settings import Config
 from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE
 from gpuwatch.files.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
@@ -22,6 +24,7 @@ from gpuwatch.probe.diag import DiagRefused, DiagRunner, GpuDiag
 from gpuwatch.probe.diag_node import node_tests
 from gpuwatch.probe.diag_results import record_results
 from gpuwatch.probe.locks import LockUnavailable
+from gpuwatch.readers.procfs import Procfs
 
 
 def diag(config: Config, *, level: int, gpus: list[int], as_json: bool, force: bool) -> int:
@@ -67,6 +70,7 @@ def run_diag(
                 idle_utilization_ratio=config.probe.idle_utilization_ratio,
                 progress=say,
                 node_tests=functools.partial(node_tests, which=which),
+                describe=_describer(sources.procfs or Procfs(Path(config.section(WorkloadsSection).procfs_root))),
             )
             diags = runner.run(runner.choose(set(gpus), force=force))
     except (NodeUnavailable, LockUnavailable, DiagRefused) as exc:
@@ -79,6 +83,18 @@ def run_diag(
         print(f"gpuwatch {command}: the results could not be written for the agent: {exc}", file=sys.stderr)
     failed = any(t.result == "fail" for d in diags for t in d.tests)
     return (EXIT_NOT_OK if failed else EXIT_OK), diags
+
+
+def _describer(procfs: Procfs) -> Callable[[int], str]:
+    """A GPU process as the workloads collector names it: `PID 4711 (slurm_job 1234, user alice)`."""
+
+    def describe(pid: int) -> str:
+        owner = procfs.owner(pid)
+        if isinstance(owner, str):
+            return f"PID {pid} ({owner})"
+        return f"PID {pid} ({owner.workload.kind} {owner.workload.id}, user {owner.user})"
+
+    return describe
 
 
 def failures(diags: list[GpuDiag]) -> list[str]:

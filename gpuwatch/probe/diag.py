@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.probe.baseline import Baselines
 from gpuwatch.probe.children import _kill_group
@@ -127,21 +125,17 @@ class _Running:
     done: bool = False
 
 
-def busy_reason(sample: GpuSample, idle_utilization_ratio: float) -> str | None:
+def busy_reason(
+    sample: GpuSample, idle_utilization_ratio: float, describe: Callable[[int], str] = lambda pid: f"PID {pid}"
+) -> str | None:
     """Why a GPU is not idle (the probe's rule: compute processes, or utilization above the idle share), naming the
-    processes that hold it; None when idle."""
+    processes that hold it (`describe`: a PID's workload and user, from the node's procfs); None when idle."""
     if sample.process_pids:
-        return "held by " + ", ".join(_process_name(pid) for pid in sample.process_pids)
+        return "held by " + ", ".join(describe(pid) for pid in sample.process_pids)
     util = sample.utilization_ratio
     if util is not None and util > idle_utilization_ratio:
         return f"utilization {util:.0%}"
     return None
-
-
-def _process_name(pid: int) -> str:
-    with contextlib.suppress(psutil.Error):
-        return f"PID {pid} ({psutil.Process(pid).name()})"
-    return f"PID {pid}"
 
 
 def nominal_bytes_per_second(sample: GpuSample) -> tuple[float | None, str]:
@@ -166,8 +160,11 @@ class DiagRunner:
         idle_utilization_ratio: float = 0.10,
         progress: Callable[[str], None] | None = None,
         plan: LevelPlan | None = None,
-        node_tests: Callable[[list[GpuIdentity], dict[str, Any], int], dict[str, list[TestOutcome]]] | None = None,
+        node_tests: Callable[[list[tuple[GpuIdentity, GpuSample]], dict[str, Any], int], dict[str, list[TestOutcome]]]
+        | None = None,
+        describe: Callable[[int], str] = lambda pid: f"PID {pid}",
     ) -> None:
+        self._describe = describe
         self._store = store
         self._state_dir = state_dir
         self._launcher = launcher
@@ -191,7 +188,7 @@ class DiagRunner:
         if unknown:
             raise DiagRefused(f"no GPU {unknown} on this node (GPUs: {known})")
         chosen = [(i, s) for i, s in fresh if not gpus or i.index in gpus]
-        busy = [(i, why) for i, s in chosen if (why := busy_reason(s, self._idle)) is not None]
+        busy = [(i, why) for i, s in chosen if (why := busy_reason(s, self._idle, self._describe)) is not None]
         if busy and not force:
             said = "; ".join(f"GPU {i.index} is busy: {why}" for i, why in busy)
             raise DiagRefused(f"{said}; run it on an idle GPU or a drained node, or pass --force")
@@ -208,7 +205,7 @@ class DiagRunner:
             diags = self._run_children(chosen, list(tests))
             if self._node_tests is not None:
                 hello = next(iter(self._hellos.values()), {})
-                node = self._node_tests([i for i, _ in chosen], hello, self.level)
+                node = self._node_tests(chosen, hello, self.level)
                 for diag in diags:
                     diag.tests.extend(node.get(diag.identity.uuid, []))
             return diags

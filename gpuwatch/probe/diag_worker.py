@@ -78,7 +78,9 @@ Test = Callable[[Any, Any, argparse.Namespace], dict[str, Any]]
 def run_tests(args: argparse.Namespace, torch: Any, tests: dict[str, Test]) -> int:
     """Say hello, then run each asked test in turn, one start and one result line each."""
     nccl = bool(getattr(torch.distributed, "is_nccl_available", lambda: False)())
-    emit({"event": "hello", "engine": "torch", "version": str(torch.__version__), "nccl": nccl})
+    gpu = args.device != "cpu" and bool(torch.cuda.is_available())
+    emit({"event": "hello", "engine": "torch", "version": str(torch.__version__), "nccl": nccl,
+          "device": "cuda" if gpu else "cpu"})  # fmt: skip
     if args.device == "cpu":
         torch.set_num_threads(1)  # one core per simulated GPU: eight of them share a CI machine
         device = torch.device("cpu")
