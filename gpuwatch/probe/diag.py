@@ -122,6 +122,7 @@ class _Running:
     telemetry: list[GpuSample] = field(default_factory=list)
     seen: set[float] = field(default_factory=set)
     sustained: list[GpuSample] = field(default_factory=list)  # the readings of its sustained run, kept to judge it
+    latest: GpuSample | None = None  # the last reading taken while its child ran (the link as trained under load)
     done: bool = False
 
 
@@ -311,6 +312,8 @@ class DiagRunner:
                 self._ended(r, diag, now)
                 return
             self._event(r, diag, line, now)
+        if sample is not None and r.proc.poll() is None:
+            r.latest = sample
         if r.current == "sustained" and sample is not None and sample.timestamp not in r.seen:
             r.seen.add(sample.timestamp)
             r.telemetry.append(sample)
@@ -473,7 +476,8 @@ def _judge_pcie(r: _Running, values: dict[str, Any]) -> tuple[Result, str]:
     worst = min(h2d, d2h)
     share = worst / nominal
     current = ""
-    gen, width = r.sample.pcie_link_generation.get("current"), r.sample.pcie_link_width.get("current")
+    now = r.latest or r.sample
+    gen, width = now.pcie_link_generation.get("current"), now.pcie_link_width.get("current")
     if gen and width:
         current = f"; link now gen {gen} x{width}"
     text = f"{measured} of {nominal / 1e9:.1f} GB/s nominal ({link}): {share:.0%}{current}"
