@@ -134,6 +134,8 @@ def test_a_busy_gpu_is_refused_naming_its_process_and_tested_when_forced(tmp_pat
 def test_bad_usage_exits_2(tmp_path: Path) -> None:
     code, _, err, _ = diag(tmp_path, "--level", "4")
     assert code == 2 and "--level" in err
+    code, _, err, _ = diag(tmp_path, "--gpus", "2", "--gpu", "5")
+    assert code == 2 and "no GPU [5] on this node (GPUs: [0, 1])" in err
 
 
 def test_a_hung_test_is_killed_at_its_deadline_and_the_tests_left_run_in_a_new_child(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 from gpuwatch.cli.probe_command import NodeUnavailable, polled_node
 from gpuwatch.collectors.workloads import WorkloadsSection
 from gpuwatch.config.settings import Config
-from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE
+from gpuwatch.core.exitcodes import EXIT_CONFIG, EXIT_NOT_OK, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from gpuwatch.files.statedir import STATE_DIR_MODE, StateDirUnsafe, require_safe_state_dir
 from gpuwatch.files.statefile import StateDirError
-from gpuwatch.probe.diag import DiagRefused, DiagRunner, GpuDiag
+from gpuwatch.probe.diag import DiagRefused, DiagRunner, GpuDiag, NoSuchGpu
 from gpuwatch.probe.diag_node import node_tests
 from gpuwatch.probe.diag_results import record_results
 from gpuwatch.probe.locks import LockUnavailable
@@ -73,6 +73,9 @@ def run_diag(
                 describe=_describer(sources.procfs or Procfs(Path(config.section(WorkloadsSection).procfs_root))),
             )
             diags = runner.run(runner.choose(set(gpus), force=force))
+    except NoSuchGpu as exc:
+        print(f"gpuwatch {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE, None
     except (NodeUnavailable, LockUnavailable, DiagRefused) as exc:
         print(f"gpuwatch {command}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE, None
@@ -81,8 +84,12 @@ def run_diag(
         say(f"results written to {path} (the agent exports them within a poll interval)")
     except StateDirError as exc:
         print(f"gpuwatch {command}: the results could not be written for the agent: {exc}", file=sys.stderr)
-    failed = any(t.result == "fail" for d in diags for t in d.tests)
-    return (EXIT_NOT_OK if failed else EXIT_OK), diags
+    if any(t.result == "fail" for d in diags for t in d.tests):
+        return EXIT_NOT_OK, diags
+    if all(t.result == "skip" for d in diags for t in d.tests):
+        print(f"gpuwatch {command}: no test could run (each skip says why)", file=sys.stderr)
+        return EXIT_UNAVAILABLE, diags
+    return EXIT_OK, diags
 
 
 def _describer(procfs: Procfs) -> Callable[[int], str]:

@@ -297,8 +297,9 @@ def _add_diag_parser(sub: Any) -> None:
         "matmul at the power cap with the vendor library's clocks, power and temperature; an all-reduce and dcgmi "
         "diag where they can run. Level 1 takes at most 30 s per GPU, level 3 minutes. Refuses a busy GPU unless "
         "--force; never overlaps the agent's probe. The results go to the state dir, where the agent exports them. "
-        f"Exit {EXIT_OK} when no test failed, {EXIT_NOT_OK} when one did, {EXIT_USAGE} on bad usage, "
-        f"{EXIT_UNAVAILABLE} when it cannot run (no GPU, a busy GPU without --force).",
+        f"Exit {EXIT_OK} when no test failed, {EXIT_NOT_OK} when one did, {EXIT_USAGE} on bad usage (a GPU the node "
+        f"does not have), {EXIT_UNAVAILABLE} when it cannot run (no GPU, a busy GPU without --force, no test could "
+        "run).",
     )
     diag.add_argument("--level", type=int, choices=(1, 2, 3), default=1, help="1: ≤30 s per GPU; 3: minutes")
     diag.add_argument("--gpu", type=int, action="append", default=[], metavar="N", help="GPU index (repeatable)")

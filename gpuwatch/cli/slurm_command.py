@@ -211,6 +211,9 @@ def _diag_first(config: Config, decided: Plan, deadline: Deadline, say: Callable
     failed = failures(diags)
     if failed:
         return Plan("none", "", "left drained: gpuwatch diag --level 1 failed: " + "; ".join(failed)[:400])
+    if code != EXIT_OK:  # every test skipped: nothing passed
+        skipped = "; ".join(f"GPU {d.identity.index} {t.name}: {t.detail}" for d in diags for t in d.tests[:1])
+        return Plan("none", "", "left drained: gpuwatch diag --level 1 could run no test: " + skipped[:400])
     return dataclasses.replace(decided, says=f"{decided.says} (after gpuwatch diag --level 1 passed)")
 
 

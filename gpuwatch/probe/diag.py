@@ -101,7 +101,11 @@ class GpuDiag:
 
 
 class DiagRefused(Exception):
-    """The diag cannot run: a busy GPU without --force, a GPU that is not there, a lock held too long."""
+    """The diag cannot run: a busy GPU without --force, a lock held too long."""
+
+
+class NoSuchGpu(DiagRefused):
+    """--gpu names a GPU the node does not have (bad usage)."""
 
 
 @dataclass(slots=True)
@@ -187,7 +191,7 @@ class DiagRunner:
         known = [i.index for i, _ in fresh]
         unknown = sorted(set(gpus) - set(known))
         if unknown:
-            raise DiagRefused(f"no GPU {unknown} on this node (GPUs: {known})")
+            raise NoSuchGpu(f"no GPU {unknown} on this node (GPUs: {known})")
         chosen = [(i, s) for i, s in fresh if not gpus or i.index in gpus]
         busy = [(i, why) for i, s in chosen if (why := busy_reason(s, self._idle, self._describe)) is not None]
         if busy and not force:
