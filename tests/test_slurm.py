@@ -550,6 +550,7 @@ def test_node_findings_alone_neither_drain_nor_resume(node: Cluster, no_driver_a
 def test_diag_before_resume_resumes_only_after_gpuwatch_diag_passed(node: Cluster, healthy_agent: Agent) -> None:
     """--diag-before-resume (docs/diag.md, "Slurm"): level 1 on the drained node's GPUs, its real children, before
     the resume; a failed test or a budget too small for it leaves the node drained, saying why."""
+    pytest.importorskip("torch")  # the simulated node's diag children run on torch's CPU device (scripts/test.sh)
     _until(lambda: _document(healthy_agent.url)["healthy"], "a healthy agent", 30)
     diag = ("--diag-before-resume", "--backend", "simulated", "--state-dir", str(healthy_agent.state_dir))
     healthy = ("--scenario", "healthy")  # the agent's (the default, mixed, would fail three of its GPUs' tests)
