@@ -178,7 +178,9 @@ class DiagRunner:
         self._idle = idle_utilization_ratio
         self._progress = progress
         self._node_tests = node_tests
-        self._peer_medians: dict[str, dict[str, float]] = {}  # model -> uuid -> sustained median, once all ran
+        # (model, enforced power limit) -> uuid -> sustained median, once all ran: a GPU is held to its peers at the
+        # same power limit (a lower limit is a setting that its own finding reports, not a faulty GPU)
+        self._peer_medians: dict[tuple[str, float | None], dict[str, float]] = {}
         self._hellos: dict[str, dict[str, Any]] = {}  # uuid -> its child's hello (engine, NCCL)
 
     def choose(self, gpus: Collection[int], *, force: bool) -> list[tuple[GpuIdentity, GpuSample]]:
@@ -263,11 +265,11 @@ class DiagRunner:
 
     def _rejudge_sustained(self, running: list[_Running], diags: dict[str, GpuDiag]) -> None:
         """Judge each sustained run now that every GPU's is known: against its peers of the same model."""
-        medians: dict[str, dict[str, float]] = {}
+        medians: dict[tuple[str, float | None], dict[str, float]] = {}
         for r in running:
             for t in diags[r.identity.uuid].tests:
                 if t.name == "sustained" and t.values.get("flops_per_window"):
-                    per_model = medians.setdefault(r.identity.model, {})
+                    per_model = medians.setdefault(_peer_key(r), {})
                     per_model[r.identity.uuid] = statistics.median(float(w) for w in t.values["flops_per_window"])
         self._peer_medians = medians
         for r in running:
@@ -432,6 +434,8 @@ class DiagRunner:
             problems.append(f"{median / reference:.0%} of {what} ({reference / 1e12:.1f} TFLOP/s)")
         elif reference is not None:
             note += f", {median / reference:.0%} of {what}"
+        else:
+            note += ", nothing to compare with (no peer of its model and power limit here, no probe baseline)"
         tele = r.telemetry
         throttled = sorted({k for s in tele for k, v in s.throttle_active.items() if v and k in BAD_THROTTLE})
         if throttled:
@@ -442,9 +446,9 @@ class DiagRunner:
         return "pass", note
 
     def _reference(self, r: _Running, values: dict[str, Any]) -> tuple[float | None, str]:
-        """What the GPU's throughput is held to: the median of its peers of the same model in this run (set by
-        run_children after all ended; see `peers`), else its own probe baseline for the same dtype."""
-        peers = self._peer_medians.get(r.identity.model)
+        """What the GPU's throughput is held to: the median of its peers (same model and power limit) in this run,
+        known once every GPU's run ended (_rejudge_sustained), else its own probe baseline for the same dtype."""
+        peers = self._peer_medians.get(_peer_key(r))
         if peers is not None and len(peers) >= 2:
             others = [v for uuid, v in peers.items() if uuid != r.identity.uuid]
             if others:
@@ -457,6 +461,12 @@ class DiagRunner:
     def _say(self, text: str) -> None:
         if self._progress is not None:
             self._progress(text)
+
+
+def _peer_key(r: _Running) -> tuple[str, float | None]:
+    """Peers compute alike: the same model at the same enforced power limit."""
+    limit = r.sample.power_limit_watts.get("enforced")
+    return r.identity.model, None if limit is None else round(limit)
 
 
 def _judge_hbm(r: _Running, values: dict[str, Any]) -> tuple[Result, str]:
