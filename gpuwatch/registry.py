@@ -31,6 +31,7 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("probe", "gpuwatch.collectors.probe"),
     Registration("workloads", "gpuwatch.collectors.workloads"),
     Registration("probe_results", "gpuwatch.collectors.probe_results"),
+    Registration("diag_results", "gpuwatch.collectors.diag_results"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

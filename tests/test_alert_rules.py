@@ -95,6 +95,8 @@ STATE_ALERTS = {
     "HostPsuRedundancyLost",
     "GpuActionRequired",  # the verdict's state and action
     "GpuActionRecommended",
+    "GpuDiagFailed",  # the last diag run's result; its detail is in `gpuwatch health`
+    "GpuDiagBandwidthLow",
 }
 # Events (an XID, an SXID, a failed run): the value is how long ago; there is no limit to compare with.
 EVENT_ALERTS = {"GpuXidCritical", "GpuXidWarning", "GpuXidNotice", "NvswitchSxidErrors", "GpuwatchCollectorFailing"}

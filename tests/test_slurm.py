@@ -545,3 +545,39 @@ def test_node_findings_alone_neither_drain_nor_resume(node: Cluster, no_driver_a
     kept = _health_check(node, "--url", no_driver_agent.url)
     assert kept.returncode == 0 and f"{NODE}: stays drained" in kept.stdout, kept.stdout + kept.stderr
     assert node.node() == ("IDLE+DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
+
+
+def test_diag_before_resume_resumes_only_after_gpuwatch_diag_passed(node: Cluster, healthy_agent: Agent) -> None:
+    """--diag-before-resume (docs/diag.md, "Slurm"): level 1 on the drained node's GPUs, its real children, before
+    the resume; a failed test or a budget too small for it leaves the node drained, saying why."""
+    pytest.importorskip("torch")  # the simulated node's diag children run on torch's CPU device (scripts/test.sh)
+    _until(lambda: _document(healthy_agent.url)["healthy"], "a healthy agent", 30)
+    diag = ("--diag-before-resume", "--backend", "simulated", "--state-dir", str(healthy_agent.state_dir))
+    healthy = ("--scenario", "healthy")  # the agent's (the default, mixed, would fail three of its GPUs' tests)
+
+    node.set_node("DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
+    short = _health_check(node, "--url", healthy_agent.url, "--budget", "20", *diag)
+    assert short.returncode == 0, short.stderr
+    assert "DRAIN" in node.node()[0].split("+"), node.node()
+    assert "left drained: --diag-before-resume needs 45 s of the budget" in short.stdout
+
+    done = _health_check(node, "--url", healthy_agent.url, "--budget", "58", *diag, *healthy)
+    assert done.returncode == 0, done.stderr
+    assert node.node() == ("IDLE", ""), (node.node(), done.stdout, done.stderr[-3000:])
+    assert (
+        "resumed (was: gpuwatch: GPU 2 (GPU-x) reboot_node); every GPU is healthy "
+        "(after gpuwatch diag --level 1 passed)" in done.stdout
+    )
+    written = json.loads((healthy_agent.state_dir / "diag_results.json").read_text())
+    assert len(written["gpus"]) == 8
+
+    # The diag's node has a GPU with faulty memory (the agent's verdicts are clean so far): the diag decides, and its
+    # results reach the agent, whose verdict then holds the failure.
+    node.set_node("DRAIN", "gpuwatch: GPU 2 (GPU-x) reboot_node")
+    faulty = _health_check(node, "--url", healthy_agent.url, "--budget", "58", *diag, "--scenario", "ecc_uncorrectable")
+    assert faulty.returncode == 0, faulty.stderr
+    assert "DRAIN" in node.node()[0].split("+"), node.node()
+    assert "left drained: gpuwatch diag --level 1 failed: GPU 2 hbm:" in faulty.stdout, faulty.stdout
+    _until(lambda: _gpu(_document(healthy_agent.url), 2)["state"] == "unhealthy", "GPU 2 judged", 20)
+    gpu = _gpu(_document(healthy_agent.url), 2)
+    assert gpu["action"] == "reset_gpu" and any(e.startswith("GpuDiagFailed: diag hbm") for e in gpu["evidence"])

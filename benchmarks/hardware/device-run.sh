@@ -8,6 +8,7 @@
 #   bash benchmarks/hardware/device-run.sh cost    # ~2.5 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
 #   bash benchmarks/hardware/device-run.sh check   # ~3.5 min: the probe's checked result (issue #33): compute errors
 #                                                  #   over N probes, a corrupted result caught, false alarms
+#   bash benchmarks/hardware/device-run.sh diag    # ~2 min: gpuwatch diag --level 1 on every GPU, level 2 on GPU 0
 #   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
@@ -18,9 +19,9 @@ set -uo pipefail
 [ $# -gt 0 ] || set -- usage
 for part in "$@"; do
   case "$part" in
-    nvml | probe | cost | check) ;;
+    nvml | probe | cost | check | diag) ;;
     *)
-      echo "usage: $0 nvml|probe|cost|check..." >&2
+      echo "usage: $0 nvml|probe|cost|check|diag..." >&2
       exit 2
       ;;
   esac
@@ -193,6 +194,35 @@ for part in "${parts[@]}"; do
     started=$SECONDS
     agent_scraped >>"$LOG" 2>&1
     say "- agent scraped by curl: exit $?, $((SECONDS - started)) s"
+  elif [ "$part" = diag ]; then
+    say "# gpuwatch hardware checks, part diag ($(date -u +%FT%TZ))"
+    # Issue #33: level 1 must take at most 30 s per GPU (the GPUs at once) and pass on a healthy GPU; the details
+    # (GiB covered, GB/s against the link's nominal, TFLOP/s, clocks, power, temperature) go into the summary. Level 2
+    # runs the sustained matmul for 30 s on GPU 0: the throttling the probe's one second cannot see. dcgmi diag -r 1/2
+    # is folded in where DCGM is installed (about 1-2 minutes more).
+    rm -rf "$STATE"
+    for level in 1 2; do
+      gpus=()
+      [ "$level" = 2 ] && gpus=(--gpu 0)
+      run "gpuwatch diag --level $level ${gpus[*]}" 280 "${GW[@]}" diag "${GPUWATCH_FLAGS[@]}" --state-dir "$STATE" \
+        --level "$level" "${gpus[@]}" --json
+      "$PY" - "$LOG" "$level" >>"$SUMMARY" 2>>"$LOG" <<'PYEOF'
+import json, sys
+
+text = open(sys.argv[1]).read()
+start = text.rfind('{\n  "level": ' + sys.argv[2])
+if start < 0:
+    print(f"    (no JSON from level {sys.argv[2]}: see the log)")
+    sys.exit(0)
+doc = json.JSONDecoder().raw_decode(text[start:])[0]
+for gpu in doc["gpus"]:
+    total = sum(t["seconds"] for t in gpu["tests"])
+    print(f"    GPU {gpu['index']} ({gpu['uuid']}), tests {total:.1f} s:")
+    for t in gpu["tests"]:
+        print(f"      {t['name']}: {t['result']} in {t['seconds']:.1f} s: {t['detail']}")
+PYEOF
+    done
+    cp "$STATE/diag_results.json" "$RAW/" 2>/dev/null
   else
     say "# gpuwatch hardware checks, part cost ($(date -u +%FT%TZ))"
     B=benchmarks/agent_cost.py

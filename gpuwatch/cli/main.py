@@ -186,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--state-dir", type=Path, help="the agent's state dir (default: the configured one)")
     repair.add_argument("--config", type=Path)
     _add_probe_parser(sub)
+    _add_diag_parser(sub)
     _add_fleet_parser(sub)
     _add_slurm_parser(sub)
     return parser
@@ -233,6 +234,15 @@ def _add_slurm_parser(sub: Any) -> None:
     epilog.add_argument("--backend", choices=BACKENDS)
     epilog.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks, hand-over)")
     _add_simulation_flags(epilog)
+    check.add_argument(
+        "--diag-before-resume",
+        action="store_true",
+        help="before resuming a node gpuwatch drained, run gpuwatch diag --level 1 on it and resume only when no test "
+        "failed; it needs 45 s of --budget (and of the HealthCheckProgram/prolog time limit) more (docs/diag.md)",
+    )
+    check.add_argument("--backend", choices=BACKENDS)
+    check.add_argument("--state-dir", type=Path, help="the agent's state dir (diag results, probe locks)")
+    _add_simulation_flags(check)
 
 
 def _add_fleet_parser(sub: Any) -> None:
@@ -277,6 +287,29 @@ def _add_probe_parser(sub: Any) -> None:
     probe.add_argument("--backend", choices=BACKENDS)
     probe.add_argument("--state-dir", type=Path, help="the agent's state dir (baselines, locks)")
     _add_simulation_flags(probe)
+
+
+def _add_diag_parser(sub: Any) -> None:
+    diag = sub.add_parser(
+        "diag",
+        help="deep tests on idle GPUs: memory patterns, PCIe bandwidth, a sustained matmul (docs/diag.md)",
+        description="Run deep tests on idle GPUs (default: all of the node's), each GPU's in a child process pinned "
+        "to it, under deadlines: an HBM pattern test, host<->device bandwidth against the link's nominal, a sustained "
+        "matmul at the power cap with the vendor library's clocks, power and temperature; an all-reduce and dcgmi "
+        "diag where they can run. Level 1 takes at most 30 s per GPU, level 3 minutes. Refuses a busy GPU unless "
+        "--force; never overlaps the agent's probe. The results go to the state dir, where the agent exports them. "
+        f"Exit {EXIT_OK} when no test failed, {EXIT_NOT_OK} when one did, {EXIT_USAGE} on bad usage (a GPU the node "
+        f"does not have), {EXIT_UNAVAILABLE} when it cannot run (no GPU, a busy GPU without --force, no test could "
+        "run).",
+    )
+    diag.add_argument("--level", type=int, choices=(1, 2, 3), default=1, help="1: ≤30 s per GPU; 3: minutes")
+    diag.add_argument("--gpu", type=int, action="append", default=[], metavar="N", help="GPU index (repeatable)")
+    diag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    diag.add_argument("--force", action="store_true", help="test a busy GPU too (it disturbs its work)")
+    diag.add_argument("--config", type=Path)
+    diag.add_argument("--backend", choices=BACKENDS)
+    diag.add_argument("--state-dir", type=Path, help="the agent's state dir (results, probe locks)")
+    _add_simulation_flags(diag)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -406,7 +439,17 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.slurm_command == "epilog":
             return slurm_command.epilog(config, args.url, args.node, args.budget)
-        return slurm_command.health_check(config, args.url, args.node, args.budget)
+        return slurm_command.health_check(
+            config, args.url, args.node, args.budget, diag_before_resume=args.diag_before_resume
+        )
+    if args.command == "diag":
+        from gpuwatch.cli.diag_command import diag
+
+        if config.agent.backend == "simulated" and not config.agent.state_dir and "STATE_DIRECTORY" not in os.environ:
+            if not _use_demo_state_dir(args, overrides, "diag"):  # the demo's state dir, never /var/lib/gpuwatch
+                return EXIT_UNAVAILABLE
+            config = load_config(path, overrides)
+        return diag(config, level=args.level, gpus=args.gpu, as_json=args.json, force=args.force)
     if args.command == "probe":
         from gpuwatch.cli.probe_command import probe
 

@@ -51,6 +51,9 @@ DEFAULT_BUDGET_SECONDS = 10.0  # slurmd gives HealthCheckProgram 60 s (src/slurm
 MAX_BUDGET_SECONDS = 3600.0
 # Of an epilog's budget, what the hand-over and the health check after the probe keep for themselves (at most).
 EPILOG_RESERVE_SECONDS = 3.0
+# What --diag-before-resume needs of the budget: gpuwatch diag --level 1 takes at most 30 s per GPU (the GPUs at once),
+# plus reading the node and Slurm's answer.
+DIAG_SECONDS = 45.0
 STOP_GRACE_SECONDS = 1.0  # a probe killed at its deadline gets this long to record what it had
 _DRAIN_FROM = ACTIONS.index("restart_app")  # an action above it drains; restart_app is the job's, not the node's
 
@@ -155,6 +158,7 @@ def health_check(
     *,
     command: str = "slurm health-check",
     deadline: Deadline | None = None,
+    diag_before_resume: bool = False,
 ) -> int:
     """One check (module docstring); its exit status."""
     say_error = _stderr(command)
@@ -176,6 +180,8 @@ def health_check(
     try:
         state = show_node(name, deadline.left())
         decided = plan(document, state)
+        if decided.action == "resume" and diag_before_resume:
+            decided = _diag_first(config, decided, deadline, say_error)
         if decided.action == "drain":
             scontrol(["update", f"NodeName={name}", "State=DRAIN", f"Reason={decided.reason}"], deadline.left())
         elif decided.action == "resume":
@@ -185,6 +191,30 @@ def health_check(
         return EXIT_UNAVAILABLE
     print(decided.says, flush=True)
     return EXIT_OK
+
+
+def _diag_first(config: Config, decided: Plan, deadline: Deadline, say: Callable[[str], None]) -> Plan:
+    """`--diag-before-resume`: run `gpuwatch diag --level 1` on the drained node first and resume it only when no
+    test failed; within the budget, which must then leave DIAG_SECONDS for it (without dcgmi, which takes minutes)."""
+    from gpuwatch.cli.diag_command import failures, run_diag
+
+    if deadline.left() < DIAG_SECONDS:
+        return Plan(
+            "none",
+            "",
+            f"left drained: --diag-before-resume needs {DIAG_SECONDS:g} s of the budget for gpuwatch diag --level 1, "
+            f"{deadline.left():.0f} s were left (raise --budget and the HealthCheckProgram/prolog's time limit)",
+        )
+    code, diags = run_diag(config, level=1, gpus=[], force=False, progress=say, with_dcgm=False, command="slurm")
+    if diags is None:
+        return Plan("none", "", f"left drained: gpuwatch diag --level 1 could not run (exit {code}, said above)")
+    failed = failures(diags)
+    if failed:
+        return Plan("none", "", "left drained: gpuwatch diag --level 1 failed: " + "; ".join(failed)[:400])
+    if code != EXIT_OK:  # every test skipped: nothing passed
+        skipped = "; ".join(f"GPU {d.identity.index} {t.name}: {t.detail}" for d in diags for t in d.tests[:1])
+        return Plan("none", "", "left drained: gpuwatch diag --level 1 could run no test: " + skipped[:400])
+    return dataclasses.replace(decided, says=f"{decided.says} (after gpuwatch diag --level 1 passed)")
 
 
 def _stderr(command: str) -> Callable[[str], None]:

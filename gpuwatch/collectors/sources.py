@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gpuwatch.backends.base import Backend
 from gpuwatch.core.model import HostSample, HostSourceName, Vendor
+from gpuwatch.probe.diag_launch import DiagLauncher
 from gpuwatch.probe.launch import WorkerLauncher
 from gpuwatch.readers.kmsg import KernelLogXidReader
 from gpuwatch.readers.procfs import Procfs
@@ -62,3 +63,4 @@ class NodeSources:
     host: list[HostSource] = field(default_factory=list)  # hwmon, ipmi (gpuwatch/collectors/host.py)
     probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
     procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root
+    diag_launcher: DiagLauncher = field(default_factory=DiagLauncher)  # `gpuwatch diag`'s child (probe/diag_launch.py)

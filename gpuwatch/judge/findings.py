@@ -12,6 +12,7 @@ from gpuwatch.core.model import GpuIdentity, GpuSample, StuckCall
 from gpuwatch.core.thresholds import threshold
 from gpuwatch.judge.verdict import LEVELS, Finding, ago, judge_gpu, judge_host, judge_unusable, judge_xids
 from gpuwatch.probe.baseline import median
+from gpuwatch.probe.diag_results import TestRecord
 from gpuwatch.state.store import StoreSnapshot
 
 # The thresholds are the alert rules' (gpuwatch.core.thresholds, checked against gpuwatch-rules.yml by the tests).
@@ -72,8 +73,59 @@ def health_flags(view: GpuView) -> list[Finding]:
     if view.snap.probe.under_probe(view.identity.uuid, s.timestamp):
         # Busy with our own probe: its PCIe link was read (slow tier) before the load raised it, not while busy.
         gpu = [f for f in gpu if f.alert != "GpuPcieLinkDegraded"]
-    flags = [*gpu, *xids, *_probe_flags(view)]
+    flags = [*gpu, *xids, *_probe_flags(view), *diag_flags(view)]
     return sorted(flags, key=lambda f: LEVELS.index(f.level))
+
+
+DIAG_BANDWIDTH_TESTS = frozenset({"pcie"})  # a link below its nominal: the seating, not the GPU
+
+
+def diag_alert(test: str) -> str:
+    """The alert a failed `gpuwatch diag` test is: a bandwidth below nominal asks for the seating to be inspected,
+    every other failure for a reset (docs/diag.md)."""
+    return "GpuDiagBandwidthLow" if test in DIAG_BANDWIDTH_TESTS else "GpuDiagFailed"
+
+
+def diag_failures(view: GpuView) -> list[tuple[str, TestRecord]]:
+    """The GPU's failed diag tests of its last run of each, with their alert; a failure that ended before the ledger
+    closed its fault (`gpuwatch repair`) is mended, until a later run fails again."""
+    part = view.snap.parts.get("diag_results") or {}
+    record = part.get(view.identity.uuid)
+    if record is None:
+        return []
+    ledger = view.snap.ledger.record(view.identity.uuid)
+    out = []
+    for test in record.tests.values():
+        if test.result != "fail":
+            continue
+        alert = diag_alert(test.name)
+        last = ledger.last(alert) if ledger is not None else None
+        if last is not None and last.closed is not None and test.at <= last.closed.time:
+            continue
+        out.append((alert, test))
+    return out
+
+
+def diag_flags(view: GpuView) -> list[Finding]:
+    """A failed `gpuwatch diag` test: a finding until the GPU is repaired or a later run passes."""
+    out = []
+    for alert, test in diag_failures(view):
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(test.at))
+        text = f"diag {test.name} (level {test.level}) failed at {when}: {test.detail}"
+        if alert == "GpuDiagBandwidthLow":
+            out.append(
+                Finding("warn", alert, text, "drain the node and reseat the GPU (riser, slot); run gpuwatch diag again")
+            )
+        else:
+            out.append(
+                Finding(
+                    "bad",
+                    alert,
+                    text,
+                    "drain the GPU and reset it; run gpuwatch diag again; replace it if it fails again",
+                )
+            )
+    return out
 
 
 def frozen_by(snap: StoreSnapshot, uuid: str) -> StuckCall | None:

@@ -21,7 +21,16 @@ from typing import Any, Literal, get_args
 from gpuwatch.core.model import UnusableGpu
 from gpuwatch.core.thresholds import xid_meaning
 from gpuwatch.core.xid_catalogue import CATALOGUE_DATE, immediate_action
-from gpuwatch.judge.findings import GpuView, gpu_health, health_flags, node_findings, unrepaired_xids, views, xid_key
+from gpuwatch.judge.findings import (
+    GpuView,
+    diag_failures,
+    gpu_health,
+    health_flags,
+    node_findings,
+    unrepaired_xids,
+    views,
+    xid_key,
+)
 from gpuwatch.judge.verdict import Finding, Level, ago, recent_xids
 from gpuwatch.state.ledger import HELD_ACTIONS, Fault
 from gpuwatch.state.store import StoreSnapshot
@@ -90,6 +99,8 @@ _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
     "GpuSlowerThanFleet": ("reset_gpu", ""),
     "GpuProbeFailing": ("none", ""),  # read the agent's log first: the probe itself may be what fails
     "GpuComputeErrors": ("reset_gpu", ""),  # a wrong result; the ledger escalates a repeat (inspect, then replace)
+    "GpuDiagFailed": ("reset_gpu", ""),  # gpuwatch diag: memory, the sustained matmul, DCGM's own diag
+    "GpuDiagBandwidthLow": ("inspect_hardware", "seating (GPU, riser, slot)"),  # below the link's nominal
 }
 # nvml.h nvmlGpuRecoveryAction_t: 1 GPU_RESET, 2 NODE_REBOOT, 3 DRAIN_P2P, 4 DRAIN_AND_RESET (5: IMEX, newer drivers).
 _ACTION_OF_RECOVERY: dict[int, Action] = {1: "reset_gpu", 2: "reboot_node", 3: "reset_gpu", 4: "reset_gpu"}
@@ -122,6 +133,7 @@ _HELD_WHILE_DEGRADED = frozenset(
         "GpuRowRemapFailure",
         "GpuSramEccThresholdExceeded",
         "GpuInforomCorrupted",
+        "GpuDiagBandwidthLow",  # measured by a diag run, which stays the last one until the next run
     }
 )
 # A vendor call that hangs says the readings stopped, not yet what is wrong: once it returns the GPU is judged by what
@@ -260,7 +272,9 @@ def live_steps(view: GpuView) -> list[Step]:
     snap = view.snap
     recovery = view.sample.recovery_action if view.sample is not None else None
     flags = [f for f in health_flags(view) if f.alert not in ("GpuXidCritical", "GpuXidWarning")]
-    steps = [s for f in flags if (s := finding_step(f, recovery, snap.now)) is not None]
+    diag_at = {alert: max(t.at for a, t in diag_failures(view) if a == alert) for alert, _ in diag_failures(view)}
+    # A diag failure's time is its run's, so that `gpuwatch repair` after it is not undone by the same result.
+    steps = [s for f in flags if (s := finding_step(f, recovery, diag_at.get(f.alert, snap.now))) is not None]
     xids = unrepaired_xids(view)
     steps += [
         xid_step(code, total, snap.now - last, cls, last) for code, total, last, cls in recent_xids(xids, snap.now)

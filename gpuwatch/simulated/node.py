@@ -48,6 +48,7 @@ def simulated_sources(
     clock: Callable[[], float] | None = None,
 ) -> NodeSources:
     """The simulated node's sources: one vendor slot, its PCI counts, its host sensors, its probe worker."""
+    from gpuwatch.simulated.diag_launcher import simulated_diag_launcher
     from gpuwatch.simulated.host_sensors import simulated_host_sources
     from gpuwatch.simulated.probe_launcher import simulated_probe_launcher
     from gpuwatch.simulated.scenarios import SimulatedNode
@@ -64,7 +65,8 @@ def simulated_sources(
         node.probe_slowdown, config.state_dir, clock=clock or time.time, node=node, corrupt=node.probe_corrupt
     )
     procfs = simulated_procfs(node, sim.boot)
-    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs)
+    diag = simulated_diag_launcher(node)
+    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs, diag_launcher=diag)
 
 
 def simulated_procfs(node: SimulatedNode, boot: int = 0) -> Procfs:
