@@ -121,11 +121,20 @@ def _step(seconds: float) -> float:
     return max(1.0, math.ceil(seconds / MAX_POINTS))
 
 
+def _data_start(prom: Prometheus, uuid: str, start: float, end: float) -> float:
+    """Where the GPU's data begins within [start, end] (an agent started since): the plot starts there, not in an
+    empty stretch before it."""
+    step = _step(end - start)
+    points = _points(prom.query_range(f"max(gpuwatch_gpu_info{_selector(uuid=uuid)})", start, end, step))
+    return max(start, points[0][0] - step) if points else start
+
+
 def probe_history(prom: Prometheus, uuid: str, model: str, now: float) -> dict[str, Any]:
     """The GPU's fresh probe throughput, its baseline and the median of its fleet peers of the same model (the
     recording rules), over the window its data spans; with how many GPUs the fleet median stands on now."""
     window = history_window(prom, uuid, now)
-    start, step = now - window, _step(window)
+    start = _data_start(prom, uuid, now - window, now)
+    step = _step(now - start)
     gpu, peers = _selector(uuid=uuid), _selector(model=model)
     series = {
         "probe_flops": _points(prom.query_range(f"max(gpuwatch:probe_flops:fresh{gpu})", start, now, step)),
@@ -171,7 +180,8 @@ def xids(prom: Prometheus, uuid: str, now: float) -> dict[int, dict[str, float]]
 
 def around(prom: Prometheus, uuid: str, at: float, now: float) -> dict[str, Any]:
     """Temperature, power and clocks from BEFORE_FAULT_SECONDS before `at` to AFTER_FAULT_SECONDS after it."""
-    start, end = at - BEFORE_FAULT_SECONDS, min(now, at + AFTER_FAULT_SECONDS)
+    end = min(now, at + AFTER_FAULT_SECONDS)
+    start = min(_data_start(prom, uuid, at - BEFORE_FAULT_SECONDS, end), at - 30.0)
     step = _step(end - start)
     queries = {
         "temperature_core_celsius": f"max(gpuwatch_gpu_temperature_celsius{_selector(uuid=uuid, sensor='core')})",

@@ -7,6 +7,7 @@ is a polyline in data order; gaps (a GPU that stopped answering) stay gaps, draw
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,12 +23,15 @@ class Series:
     points: Sequence[Sequence[float]]  # [[unix time, value], …]
 
 
-def _fmt(value: float) -> str:
+def _fmt(value: float, span: float) -> str:
+    """A tick label with the digits that tell ticks `span / 4` apart (1.002 and 1.004, not 1 and 1)."""
     magnitude = abs(value)
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if magnitude >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
+    factor, suffix = next(
+        ((f, s) for f, s in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")) if magnitude >= f), (1, "")
+    )
+    tick = span / 4 / factor
+    decimals = max(0, min(6, -math.floor(math.log10(tick)) + 1)) if tick > 0 else 0
+    return f"{value / factor:.{decimals}f}{suffix}"
 
 
 def _clock(t: float, span: float) -> str:
@@ -81,22 +85,27 @@ def line_chart(
     for i in range(5):  # horizontal grid and value labels
         v = low + (high - low) * i / 4
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(v)}</text>')
-    for i in range(5):  # time labels
+        label = _fmt(v, high - low)
+        parts.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">{label}</text>')
+    for i, anchor in enumerate(("start", "middle", "middle", "middle", "end")):  # time labels, inside the width
         t = start + (end - start) * i / 4
         parts.append(
-            f'<text x="{x(t):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="11">'
+            f'<text x="{x(t):.1f}" y="{TOP + plot_h + 16}" text-anchor="{anchor}" font-size="11">'
             f"{_clock(t, end - start)}</text>"
         )
-    parts.append(f'<text x="{LEFT + plot_w}" y="{HEIGHT - 4}" text-anchor="end" font-size="11" fill="#555">UTC</text>')
+    parts.append(
+        f'<text x="{LEFT + plot_w}" y="{HEIGHT - 6}" text-anchor="end" font-size="11" fill="#555">time (UTC)</text>'
+    )
     for t, label in marks:
         if start <= t <= end:
             parts.append(
                 f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#cf222e" '
                 'stroke-dasharray="4 3"/>'
             )
+            right = x(t) > LEFT + plot_w * 0.7  # near the right edge: the label goes to the line's left
             parts.append(
-                f'<text x="{x(t) + 4:.1f}" y="{TOP + 12}" font-size="11" fill="#cf222e">{html.escape(label)}</text>'
+                f'<text x="{x(t) + (-4 if right else 4):.1f}" y="{TOP + 12}" font-size="11" fill="#cf222e" '
+                f'text-anchor="{"end" if right else "start"}">{html.escape(label)}</text>'
             )
     legend = []
     for i, s in enumerate(series):
