@@ -373,3 +373,21 @@ def test_diag_results_are_read_tolerantly(tmp_path: Path) -> None:
     assert [(t["name"], t["result"]) for t in diag["tests"]] == [("hbm_pattern", "pass"), ("pcie_bandwidth", "fail")]
     assert "1 malformed entry" in diag["note"]
     assert diag_json(tmp_path, "GPU-cccc", 3)["note"].startswith("the last diag run")
+
+
+def test_a_gpu_only_the_ledger_knows_still_gets_its_case_file(case: Case, tmp_path: Path) -> None:
+    """GPU 2 gone from the node (a 2-GPU node reads GPUs 0 and 1): its case file comes from what the state dir keeps,
+    and says that nothing was read now."""
+    run = _gpuwatch(
+        "report", "--gpu", str(GPU), "--backend", "simulated", "--scenario", "xid", "--gpus", "2",
+        "--state-dir", str(case.state_dir), "--out", str(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    document = json.loads((tmp_path / f"{case.uuid}.json").read_text())
+    spec = SimulatedNode("xid").spec(GPU)
+    assert (document["identity"]["uuid"], document["identity"]["serial"]) == (spec.uuid, spec.serial)
+    assert document["identity"]["board_part_number"] is None  # only the library knows it
+    assert "identity from the fault ledger" in document["reading"]["error"]
+    assert [f["key"] for f in document["ledger"]["faults"]] == ["XID 79"]
+    assert document["verdict"]["action"] == "reboot_node"
+    assert "no reading now" in (tmp_path / f"{case.uuid}.html").read_text()

@@ -294,7 +294,7 @@ def _reading(reading: GpuReading | None, note: str | None) -> dict[str, Any]:
 def _memory(reading: GpuReading | None) -> dict[str, Any]:
     """Row remaps and ECC from this reading (NVML: nvmlDeviceGetRemappedRows, nvmlDeviceGetTotalEccErrors, …)."""
     if reading is None or reading.sample is None:
-        return {"note": "no reading now: the GPU did not answer"}
+        return {"note": "no reading now: row remaps and ECC need the GPU to answer"}
     s = reading.sample
     return {
         "ecc_enabled": s.ecc_enabled,
