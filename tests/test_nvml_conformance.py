@@ -147,3 +147,55 @@ def test_the_backend_finds_every_function_it_uses(release: Path) -> None:
         assert not missing, missing
     finally:
         backend.close()
+
+
+def test_inforom_versions_follow_nvml_h(release: Path) -> None:
+    """nvml.h 13.3.29 (cuda_nvml_dev), line 5281: nvmlDeviceGetInforomImageVersion(device, char *version, unsigned
+    int length); line 5254: nvmlDeviceGetInforomVersion(device, nvmlInforomObject_t object, char *version, unsigned
+    int length), InsufficientSize when `length` is too small, NotSupported for what the board lacks. The simulated
+    H100 answers as the fixture's card (nvidia-smi -q: image G520.0200.00.05, OEM 2.1, ECC 7.16, Power N/A), through
+    the release's own wrappers; the backend reads them for `gpuwatch report`, keyed as nvidia-smi names them."""
+    pointer, uint = ctypes.c_void_p, ctypes.c_uint
+    assert PROTOTYPES["nvmlDeviceGetInforomImageVersion"][0] == (pointer, pointer, uint)
+    assert PROTOTYPES["nvmlDeviceGetInforomVersion"][0] == (pointer, uint, pointer, uint)
+    node = SimulatedNode("healthy", gpus=2)
+    lib = simulated_pynvml(node, binding=release)
+    lib.nvmlInit()
+    try:
+        handle = lib.nvmlDeviceGetHandleByIndex(1)
+        assert lib.nvmlDeviceGetInforomImageVersion(handle) in ("G520.0200.00.05", b"G520.0200.00.05")
+        assert lib.nvmlDeviceGetInforomVersion(handle, lib.NVML_INFOROM_OEM) in ("2.1", b"2.1")
+        assert lib.nvmlDeviceGetInforomVersion(handle, lib.NVML_INFOROM_ECC) in ("7.16", b"7.16")
+        with pytest.raises(lib.NVMLError_NotSupported):
+            lib.nvmlDeviceGetInforomVersion(handle, lib.NVML_INFOROM_POWER)
+        with pytest.raises(lib.NVMLError_InvalidArgument):
+            lib.nvmlDeviceGetInforomVersion(handle, 99)
+        # The C side: a buffer of 4 bytes cannot hold "G520.0200.00.05" and its NUL.
+        small = ctypes.create_string_buffer(4)
+        image = lib._nvmlGetFunctionPointer("nvmlDeviceGetInforomImageVersion")
+        assert image(handle, small, ctypes.c_uint(4)) == lib.NVML_ERROR_INSUFFICIENT_SIZE
+        node.faults.lose_gpu(1)
+        with pytest.raises(lib.NVMLError_GpuIsLost):
+            lib.nvmlDeviceGetInforomVersion(handle, lib.NVML_INFOROM_ECC)
+    finally:
+        lib.nvmlShutdown()
+    lost = SimulatedNode("healthy", gpus=2)
+    backend = NvmlBackend(simulated_pynvml(lost, binding=release))
+    backend.open()
+    expected = {
+        "board_part_number": "695-2G520-0200-000",
+        "inforom_image_version": "G520.0200.00.05",
+        "inforom_oem_object_version": "2.1",
+        "inforom_ecc_object_version": "7.16",
+        "inforom_power_object_version": None,
+    }
+    try:
+        uuid = backend.gpus()[1].uuid
+        assert backend.case_identity(uuid) == expected
+        assert backend.case_identity("GPU-not-here") == {}
+        lost.faults.lose_gpu(1)
+        gone = backend.case_identity(uuid)
+        assert set(gone) == {*expected, "unavailable"} and not any(gone[k] for k in expected)
+        assert "lost" in str(gone["unavailable"]).lower()
+    finally:
+        backend.close()

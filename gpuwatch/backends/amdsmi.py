@@ -298,6 +298,20 @@ class AmdSmiBackend(TieredBackend[_Gpu]):
 
     # ----- static tier -----
 
+    def _read_case_identity_keys(self) -> tuple[str, ...]:
+        return ("board_part_number", "vbios_part_number", "inforom_image_version")
+
+    def _read_case_identity(self, gpu: _Gpu) -> dict[str, str | None]:
+        """amdsmi_get_gpu_board_info's model_number (the board part number) and amdsmi_get_gpu_vbios_info's
+        part_number; an AMD GPU has no InfoROM (None: not available)."""
+        board = self._dict(gpu, "amdsmi_get_gpu_board_info")
+        vbios = self._dict(gpu, "amdsmi_get_gpu_vbios_info")
+        return {
+            "board_part_number": _text(board.get("model_number")) or None,
+            "vbios_part_number": _text(vbios.get("part_number")) or None,
+            "inforom_image_version": None,
+        }
+
     def _read_static(self, gpu: _Gpu) -> None:
         """Identity, the limits the device declares, maxima; forgets remembered NotSupported."""
         gpu.unsupported.clear()

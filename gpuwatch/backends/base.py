@@ -47,6 +47,11 @@ class Backend(Protocol):
         """GPUs the library counts but could not open at open (NVML: power cables not attached)."""
         ...
 
+    def case_identity(self, uuid: str) -> dict[str, str | None]:
+        """Read now, for `gpuwatch report`: board part number and firmware versions, named as the vendor names them
+        (None: not available); {} for a GPU the backend does not know."""
+        ...
+
     def reset_uuids(self) -> list[str]:
         """GPUs whose reset counters exist from start-up at 0 (AMD reports resets; NVML has none)."""
         ...

@@ -368,6 +368,27 @@ class NvmlBackend(NvmlGpmTier):
             vbios_version=_text(self._call(gpu, "nvmlDeviceGetVbiosVersion")),
         )
 
+    _INFOROM_OBJECTS = (("oem", "NVML_INFOROM_OEM"), ("ecc", "NVML_INFOROM_ECC"), ("power", "NVML_INFOROM_POWER"))
+
+    def _read_case_identity_keys(self) -> tuple[str, ...]:
+        objects = tuple(f"inforom_{name}_object_version" for name, _ in self._INFOROM_OBJECTS)
+        return ("board_part_number", "inforom_image_version", *objects)
+
+    def _read_case_identity(self, gpu: _Gpu) -> dict[str, str | None]:
+        """nvmlDeviceGetBoardPartNumber, nvmlDeviceGetInforomImageVersion and nvmlDeviceGetInforomVersion of each
+        object, keyed as nvidia-smi -q names them; NotSupported (a board without that object) is None."""
+        found: dict[str, str | None] = {
+            "board_part_number": _text(self._call(gpu, "nvmlDeviceGetBoardPartNumber")) or None,
+            "inforom_image_version": _text(self._call(gpu, "nvmlDeviceGetInforomImageVersion")) or None,
+        }
+        for name, constant in self._INFOROM_OBJECTS:
+            inforom_object = getattr(self._lib, constant, None)
+            version = (
+                self._call(gpu, "nvmlDeviceGetInforomVersion", inforom_object) if inforom_object is not None else None
+            )
+            found[f"inforom_{name}_object_version"] = _text(version) or None
+        return found
+
     def _plan_fields(self, gpu: _Gpu) -> None:
         """Ask once which fields the driver supports, then choose each throttle counter's source."""
         supported = set(self._read_fields(gpu, self._fields.candidates))

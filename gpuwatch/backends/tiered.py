@@ -89,6 +89,18 @@ class TieredBackend(Generic[G]):
 
     # ----- Backend protocol -----
 
+    def case_identity(self, uuid: str) -> dict[str, str | None]:
+        """What a vendor's RMA desk asks for beyond the agent's identity (board part number, firmware versions),
+        read now: only `gpuwatch report` asks, the agent keeps none of it. None for what the library cannot give;
+        {} for a GPU it does not know; a GPU that stops answering gives every key None and `unavailable` why."""
+        gpu = next((g for g in self._gpus if g.identity.uuid == uuid), None)
+        if gpu is None:
+            return {}
+        try:
+            return self._read_case_identity(gpu)
+        except GpuFailed as exc:
+            return {**dict.fromkeys(self._read_case_identity_keys()), "unavailable": str(exc)}
+
     def gpus(self) -> list[GpuIdentity]:
         """The GPUs found at open, in index order."""
         return [gpu.identity for gpu in self._gpus]
@@ -189,6 +201,13 @@ class TieredBackend(Generic[G]):
         raise NotImplementedError
 
     def _read_fast(self, gpu: G, sample: GpuSample, tick: Any) -> None:
+        raise NotImplementedError
+
+    def _read_case_identity(self, gpu: G) -> dict[str, str | None]:
+        raise NotImplementedError
+
+    def _read_case_identity_keys(self) -> tuple[str, ...]:
+        """The keys `_read_case_identity` answers."""
         raise NotImplementedError
 
     def _forget(self, gpu: G) -> None:

@@ -185,11 +185,33 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--note", required=True, metavar="TEXT", help="what was done (kept in the ledger)")
     repair.add_argument("--state-dir", type=Path, help="the agent's state dir (default: the configured one)")
     repair.add_argument("--config", type=Path)
+    _add_report_parser(sub)
     _add_probe_parser(sub)
     _add_diag_parser(sub)
     _add_fleet_parser(sub)
     _add_slurm_parser(sub)
     return parser
+
+
+def _add_report_parser(sub: Any) -> None:
+    report = sub.add_parser(
+        "report",
+        help="write a GPU's case file for the vendor (RMA): <uuid>.html and its JSON twin <uuid>.json",
+        description="Write one GPU's case file, what a vendor's RMA desk asks for (docs/case-file.md): identity "
+        "(serial, board part number, VBIOS, InfoROM, driver), the fault ledger across reboots, XIDs in NVIDIA's "
+        "catalogue's words, row remaps and ECC, the probe against its baseline and (with --prometheus) its fleet "
+        "peers, temperature, power and clocks around each fault (with --prometheus), and the last diag run. Reads "
+        "the state dir only; the agent need not run. Exit "
+        f"{EXIT_OK} when written, {EXIT_USAGE} for an unknown GPU or a bad URL, {EXIT_UNAVAILABLE} when --out cannot "
+        "be written, the vendor library cannot be used, or Prometheus did not answer (the files are written then).",
+    )
+    report.add_argument("--gpu", required=True, metavar="INDEX|UUID", help="the GPU, by index or UUID")
+    report.add_argument("--prometheus", metavar="URL", help="Prometheus' base URL, for history: http(s)://HOST:PORT")
+    report.add_argument("--out", type=Path, default=Path("."), metavar="DIR", help="where to write (default: .)")
+    report.add_argument("--state-dir", type=Path, help="the agent's state dir (default: the configured one)")
+    report.add_argument("--config", type=Path)
+    report.add_argument("--backend", choices=BACKENDS)
+    _add_simulation_flags(report)
 
 
 def _add_slurm_parser(sub: Any) -> None:
@@ -434,6 +456,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gpuwatch.cli.repair_command import repair_gpu
 
         return repair_gpu(config, args.gpu, args.note)
+    if args.command == "report":
+        from gpuwatch.cli.report_command import report
+
+        return report(config, args.gpu, args.out, args.prometheus)
     if args.command == "slurm":
         from gpuwatch.cli import slurm_command
 

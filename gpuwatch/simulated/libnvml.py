@@ -153,6 +153,7 @@ _LATENCY_MS = {
     "nvmlDeviceGetApplicationsClock": 1.0,
     "nvmlDeviceGetViolationStatus": 0.9,
     "nvmlDeviceGetPcieThroughput": 20.7,
+    "nvmlDeviceGetInforomImageVersion": 0.019,
 }
 # nvmlErrorString of the driver.
 ERROR_STRINGS: dict[int, str] = {
@@ -449,6 +450,28 @@ class _Driver(GpmFunctions):
     @_export(_P, _P, c_uint)
     def nvmlDeviceGetBoardPartNumber(self, device: int, out: int, length: int) -> None:
         _write_string(out, length, self._spec("nvmlDeviceGetBoardPartNumber", device).board_part_number)
+
+    @_export(_P, _P, c_uint)
+    def nvmlDeviceGetInforomImageVersion(self, device: int, out: int, length: int) -> None:
+        """nvml.h 13.3.29 line 5281: NotSupported "if the device does not have an infoROM"."""
+        self._spec("nvmlDeviceGetInforomImageVersion", device)
+        image = self.node.profile.inforom_image_version
+        if not image:
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+        _write_string(out, length, image)
+
+    @_export(_P, c_uint, _P, c_uint)
+    def nvmlDeviceGetInforomVersion(self, device: int, inforom_object: int, out: int, length: int) -> None:
+        """nvml.h 13.3.29 line 5254 (object: nvmlInforomObject_t, lines 1284-1289): an object the board lacks is
+        NotSupported, as nvidia-smi's "N/A" for the H100's Power Management Object; one past the enum is invalid."""
+        self._spec("nvmlDeviceGetInforomVersion", device)
+        names = {c.NVML_INFOROM_OEM: "oem", c.NVML_INFOROM_ECC: "ecc", c.NVML_INFOROM_POWER: "power"}
+        if not 0 <= inforom_object < c.NVML_INFOROM_COUNT:
+            raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+        version = self.node.profile.inforom_object_versions.get(names.get(inforom_object, "den"))
+        if version is None:
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+        _write_string(out, length, version)
 
     @_export(_P, _P)
     def nvmlDeviceGetPciInfo_v3(self, device: int, out: int) -> None:

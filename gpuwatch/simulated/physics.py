@@ -60,6 +60,10 @@ class VendorProfile:
     pcie_max_width: int
     nvlink_links: int
     compute_capability: tuple[int, int]
+    # The InfoROM (NVIDIA only): its image version and the versions of its objects by nvmlInforomObject_t name;
+    # an object left out is one the board does not have (NVML: NotSupported). "" / empty: no InfoROM at all.
+    inforom_image_version: str = ""
+    inforom_object_versions: dict[str, str] = field(default_factory=dict)
 
 
 NVIDIA_H100 = VendorProfile(
@@ -91,6 +95,9 @@ NVIDIA_H100 = VendorProfile(
     pcie_max_width=16,
     nvlink_links=18,
     compute_capability=(9, 0),
+    # tests/fixtures/h100/nvidia-smi-q.txt: "Power Management Object : N/A" (and no DRAM Encryption object)
+    inforom_image_version="G520.0200.00.05",
+    inforom_object_versions={"oem": "2.1", "ecc": "7.16"},
 )
 
 # Plausible MI300X numbers for the AMD simulated library; AMD reports hotspot (junction) as the core sensor, which
