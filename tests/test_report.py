@@ -30,7 +30,7 @@ from cdp import Browser, save
 from ports import free_port
 from processes import stop, wait_until_ready
 
-from gpuwatch.cli.case_history import DIAG_FILE, diag_json
+from gpuwatch.cli.case_history import diag_json
 from gpuwatch.core.xid_catalogue import CATALOGUE
 from gpuwatch.simulated.physics import NVIDIA_H100
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -349,30 +349,23 @@ def test_bad_or_silent_prometheus(case: Case, tmp_path: Path) -> None:
     assert f"cannot reach Prometheus at {silent}" in document["around_faults"]["note"]
 
 
-def test_diag_results_are_read_tolerantly(tmp_path: Path) -> None:
-    """`gpuwatch diag` writes diag_results.json (issue #33's --json shape): this GPU's tests are shown; a missing,
-    malformed or foreign file is said, never an error."""
-    uuid = "GPU-aaaa"
-    assert diag_json(tmp_path, uuid, 2)["note"] == "no diag run recorded"
-    path = tmp_path / DIAG_FILE
-    path.write_text("{not json")
-    assert diag_json(tmp_path, uuid, 2)["status"] == "unreadable"
-    path.write_text(json.dumps({"gpus": "all"}))
-    assert diag_json(tmp_path, uuid, 2)["note"].endswith('has no "gpus" list')
-    tests = [
-        {"name": "hbm_pattern", "result": "pass", "detail": "79 GiB, 0 errors", "seconds": 21.5},
-        {"name": "pcie_bandwidth", "result": "fail", "detail": "h2d 12 GB/s of 64", "seconds": 2.0},
-        {"name": "broken", "result": "maybe"},
-    ]
-    other = {"index": 1, "uuid": "GPU-bbbb", "tests": []}
-    path.write_text(
-        json.dumps({"level": 1, "finished": 1795884189.8, "gpus": [other, {"index": 2, "uuid": uuid, "tests": tests}]})
-    )
-    diag = diag_json(tmp_path, uuid, 2)
-    assert diag["status"] == "recorded" and diag["level"] == 1 and diag["time"] == 1795884189.8
-    assert [(t["name"], t["result"]) for t in diag["tests"]] == [("hbm_pattern", "pass"), ("pcie_bandwidth", "fail")]
-    assert "1 malformed entry" in diag["note"]
-    assert diag_json(tmp_path, "GPU-cccc", 3)["note"].startswith("the last diag run")
+def test_diag_results_are_read_as_gpuwatch_diag_wrote_them(tmp_path: Path) -> None:
+    """The last `gpuwatch diag` run of each test, from the diag_results.json a real `gpuwatch diag` wrote (GPU 2 of
+    the simulated node); a missing or unusable file is said, never an error, and left as it is."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    assert diag_json(state, "GPU-aaaa", 2)["note"] == "no diag run recorded"
+    run = _gpuwatch("diag", "--backend", "simulated", "--scenario", "healthy", "--state-dir", str(state), "--gpu", "2")
+    assert run.returncode == 0, run.stderr
+    uuid = json.loads((state / "diag_results.json").read_text())["gpus"].popitem()[0]
+    diag = diag_json(state, uuid, 2)
+    assert diag["status"] == "recorded" and diag["level"] == 1 and diag["note"] is None
+    results = {t["name"]: t["result"] for t in diag["tests"]}
+    assert {results["hbm"], results["pcie"], results["sustained"]} == {"pass"}, diag
+    assert diag_json(state, "GPU-cccc", 3)["status"] == "none"
+    (state / "diag_results.json").write_text("{not json")
+    assert diag_json(state, uuid, 2)["status"] == "unreadable"
+    assert (state / "diag_results.json").read_text() == "{not json"  # a reader changes nothing
 
 
 def test_a_gpu_only_the_ledger_knows_still_gets_its_case_file(case: Case, tmp_path: Path) -> None:

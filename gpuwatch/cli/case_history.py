@@ -8,22 +8,15 @@ HTML is rendered from the twin (gpuwatch.web.case_file).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from gpuwatch.core.thresholds import xid_class, xid_meaning
 from gpuwatch.core.xid_catalogue import CATALOGUE, CATALOGUE_DATE, CATALOGUE_URL
-from gpuwatch.files.safefile import UnsafeFileError, read_regular_file
 from gpuwatch.judge.gpu_verdict import xid_step
 from gpuwatch.probe.baseline import Baselines
+from gpuwatch.probe.diag_results import read_results, results_path
 from gpuwatch.state.ledger import Fault, GpuRecord
-
-# Written by `gpuwatch diag` into the state dir: {"gpus": [{"index", "uuid", "tests": [{"name", "result",
-# "detail", "seconds"}]}], …} (issue #33). Read tolerantly: another helper builds its writer.
-DIAG_FILE = "diag_results.json"
-MAX_DIAG_BYTES = 4 * 2**20
-DIAG_RESULTS = ("pass", "fail", "skip")
 
 
 def fault_json(fault: Fault) -> dict[str, Any]:
@@ -123,49 +116,32 @@ def _key_json(key: Any) -> dict[str, Any]:
 
 
 def diag_json(state_dir: Path, uuid: str, index: int) -> dict[str, Any]:
-    """The GPU's tests of the last `gpuwatch diag` run; a missing file is said ("no diag run recorded"), a
-    malformed one said with why, never an error."""
-    path = state_dir / DIAG_FILE
-    try:
-        raw = read_regular_file(path, max_bytes=MAX_DIAG_BYTES)
-    except FileNotFoundError:
+    """The GPU's last run of each `gpuwatch diag` test (gpuwatch/probe/diag_results.py reads the file as the agent
+    does, changing nothing); a missing file is said ("no diag run recorded"), an unusable one said, never an error."""
+    path = results_path(state_dir)
+    if not path.exists():
         return {"status": "none", "note": "no diag run recorded", "tests": []}
-    except (UnsafeFileError, OSError) as exc:
-        return {"status": "unreadable", "note": f"{path}: {exc}", "tests": []}
-    try:
-        document = json.loads(raw)
-    except ValueError as exc:
-        return {"status": "unreadable", "note": f"{path} is not JSON: {exc}", "tests": []}
-    gpus = document.get("gpus") if isinstance(document, dict) else None
-    if not isinstance(gpus, list):
-        return {"status": "unreadable", "note": f'{path} has no "gpus" list', "tests": []}
-    entry = next((g for g in gpus if isinstance(g, dict) and g.get("uuid") == uuid), None)
-    if entry is None:
-        entry = next((g for g in gpus if isinstance(g, dict) and "uuid" not in g and g.get("index") == index), None)
-    when = next((document[k] for k in ("finished", "timestamp", "time", "started") if k in document), None)
-    level = document.get("level")
-    if entry is None:
-        return {"status": "none", "note": f"the last diag run ({path}) did not test this GPU", "tests": []}
-    tests = entry.get("tests")
-    parsed = [_diag_test(t) for t in tests] if isinstance(tests, list) else []
-    good = [t for t in parsed if t is not None]
-    skipped = len(parsed) - len(good) + (0 if isinstance(tests, list) else 1)
+    records = read_results(state_dir, move_aside=False)
+    if not records:
+        return {"status": "unreadable", "note": f"{path} holds no diag results gpuwatch can read", "tests": []}
+    gpu = records.get(uuid)
+    if gpu is None:
+        return {"status": "none", "note": f"{path} holds no diag run of this GPU", "tests": []}
+    tests = sorted(gpu.tests.values(), key=lambda t: t.name)
     return {
         "status": "recorded",
-        "note": f"{skipped} malformed entr{'y' if skipped == 1 else 'ies'} in {path} skipped" if skipped else None,
-        "time": when if isinstance(when, int | float | str) else None,
-        "level": level if isinstance(level, int | str) else None,
-        "tests": good,
-    }
-
-
-def _diag_test(raw: object) -> dict[str, Any] | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or raw.get("result") not in DIAG_RESULTS:
-        return None
-    seconds = raw.get("seconds")
-    return {
-        "name": raw["name"][:200],
-        "result": raw["result"],
-        "detail": str(raw.get("detail", ""))[:2000],
-        "seconds": float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) else None,
+        "note": None,
+        "time": max(t.at for t in tests) if tests else None,
+        "level": max(t.level for t in tests) if tests else None,
+        "tests": [
+            {
+                "name": t.name,
+                "result": t.result,
+                "detail": t.detail,
+                "seconds": t.seconds,
+                "time": t.at,
+                "level": t.level,
+            }
+            for t in tests
+        ],
     }
