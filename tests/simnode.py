@@ -66,6 +66,7 @@ class SimAgent:
         kernel_log: KernelLogXidReader | None = None,
         probe: dict[str, object] | None = None,
         vendor: str = "nvidia",
+        boot: int = 0,
         **config: object,
     ) -> None:
         self.clock = FakeClock()
@@ -77,6 +78,8 @@ class SimAgent:
         }
         if probe is not None:
             overrides["probe"] = probe
+        if boot:
+            overrides["simulated"] = {"boot": boot}  # the node's boot id (a reboot, as the fault ledger sees one)
         loaded = load_config(None, overrides)
         # The one simulated-node factory (gpuwatch.simulated.node): its vendor backend (the real AMD SMI backend over
         # the simulated amdsmi module, whose import may fail), hwmon + BMC through the real readers, its probe worker.

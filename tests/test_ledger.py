@@ -23,7 +23,9 @@ import pytest
 from ports import free_port
 from processes import stop, wait_until_ready
 from prometheus_client.parser import text_string_to_metric_families
+from simnode import SimAgent
 
+from gpuwatch.judge.findings import gpu_health
 from gpuwatch.state.ledger import LEDGER_FILE, MAX_FAULTS_PER_GPU, FaultLedger
 
 GPU = 2  # the scenario xid's faulty GPU
@@ -205,6 +207,35 @@ def test_a_fault_that_comes_back_through_reboots_escalates(state: Path, agents: 
     assert actions == ["reboot_node", "reboot_node", "inspect_hardware"]
     (fault,) = _faults(state, gpu["uuid"])
     assert fault["returns"] == 2 and fault["closed"] is None and len(set(fault["boots"])) == 3
+
+
+def test_a_lifetime_ecc_count_is_one_fault_through_reboots_and_stays_repaired(state: Path) -> None:
+    """NVML's aggregate uncorrectable ECC count persists across resets and reboots (nvml.h, nvmlEccCounterType_t:
+    NVML_AGGREGATE_ECC, "Aggregate counts persist across reboots (i.e. for the lifetime of the device)"): the same
+    count read in a new boot is the same fault, not one that came back; once repaired, the same count is the one the
+    repair covered; only a count that grows opens the fault again. The agents run on the test's clock (the scenario
+    adds an error every 5 s), each over the same state dir."""
+    first = SimAgent(state, "ecc_uncorrectable")
+    first.run(3)
+    (held,) = first.agent.store.snapshot().ledger.open_faults(_uuid(first))
+    assert (held.key, held.action, held.returns) == ("GpuEccUncorrectable", "reset_gpu", 0)
+
+    rebooted = SimAgent(state, "ecc_uncorrectable", boot=1)  # the same count, read after a reboot
+    rebooted.run(3)
+    (fault,) = rebooted.agent.store.snapshot().ledger.gpus[_uuid(rebooted)].faults
+    assert fault.is_open and fault.returns == 0 and len(fault.boots) == 2, fault
+
+    assert _repair(state, str(GPU), "drained, reset, count noted").returncode == 0
+    rebooted.run(2)  # polls that read the same count: it stays repaired
+    assert gpu_health(rebooted.agent.store.snapshot())[0] is True, gpu_health(rebooted.agent.store.snapshot())[1]
+    assert len(rebooted.agent.store.snapshot().ledger.gpus[_uuid(rebooted)].faults) == 1
+    rebooted.run(40)  # more errors (ECC is read on the slow tier, every 30 s): the count grew, the fault is back
+    (_, again) = rebooted.agent.store.snapshot().ledger.gpus[_uuid(rebooted)].faults
+    assert again.is_open and again.returns == 1 and gpu_health(rebooted.agent.store.snapshot())[0] is False
+
+
+def _uuid(sim: SimAgent) -> str:
+    return next(i.uuid for i in sim.agent.store.snapshot().identities.values() if i.index == GPU)
 
 
 def test_a_reboot_and_a_clean_probe_close_a_fault_a_reboot_cures(state: Path, agents: list[Agent]) -> None:

@@ -69,12 +69,31 @@ def health_flags(view: GpuView) -> list[Finding]:
             "drain the node and reset the GPU or reboot; reseat or replace it if it does not come back",
         )
         return [lost, *xids]
-    gpu = judge_gpu(view.identity, s, view.configured_limit_watts)
+    gpu = [f for f in judge_gpu(view.identity, s, view.configured_limit_watts) if not repaired_reading(view, f)]
     if view.snap.probe.under_probe(view.identity.uuid, s.timestamp):
         # Busy with our own probe: its PCIe link was read (slow tier) before the load raised it, not while busy.
         gpu = [f for f in gpu if f.alert != "GpuPcieLinkDegraded"]
     flags = [*gpu, *xids, *_probe_flags(view), *diag_flags(view)]
     return sorted(flags, key=lambda f: LEVELS.index(f.level))
+
+
+# Findings on a lifetime count, which no reset or reboot takes back (NVML's aggregate ECC counters): the same count
+# after a repair is the one the repair covered, and in a new boot the same fault, not one that came back.
+LIFETIME_COUNTS = frozenset({"GpuEccUncorrectable"})
+
+
+def same_reading(evidence: str, finding: Finding) -> bool:
+    """Whether a ledger fault's evidence is this finding's, reading for reading (gpu_verdict.finding_step's form)."""
+    return evidence.startswith(f"{finding.alert}: {finding.text} ->")
+
+
+def repaired_reading(view: GpuView, finding: Finding) -> bool:
+    """A lifetime count that has not grown since `gpuwatch repair` closed its fault: mended, not shown again."""
+    if finding.alert not in LIFETIME_COUNTS:
+        return False
+    record = view.snap.ledger.record(view.identity.uuid)
+    last = record.last(finding.alert) if record is not None else None
+    return last is not None and last.closed is not None and same_reading(last.evidence, finding)
 
 
 DIAG_BANDWIDTH_TESTS = frozenset({"pcie"})  # a link below its nominal: the seating, not the GPU

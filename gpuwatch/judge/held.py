@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuwatch.judge.findings import views
+from gpuwatch.judge.findings import LIFETIME_COUNTS, views
 from gpuwatch.judge.gpu_verdict import Step, live_steps
 from gpuwatch.state.ledger import (
     MAX_BOOTS_PER_FAULT,
@@ -86,9 +86,13 @@ def _observe(
     record: GpuRecord, step: Step, snap: StoreSnapshot, boot_id: str, driver: str, every: int, notes: list[str]
 ) -> GpuRecord:
     last = record.last(step.key)
+    kept = (step.kept or step.evidence)[:MAX_EVIDENCE_CHARS]
+    same_count = step.key in LIFETIME_COUNTS and last is not None and last.evidence == kept
     if last is not None and last.is_open:
         if boot_id in last.boots:
             return record
+        if same_count:  # a lifetime count read in a new boot: the same fault, not one that came back
+            return _swap(record, last, replace(last, boots=(*last.boots, boot_id)[-MAX_BOOTS_PER_FAULT:]))
         # Seen again in a new boot: the reboot did not cure it.
         returns = last.returns + 1
         again = replace(
@@ -109,7 +113,7 @@ def _observe(
         state=step.state,
         base_action=step.action,
         action=escalated(step.action, returns, every),
-        evidence=(step.kept or step.evidence)[:MAX_EVIDENCE_CHARS],
+        evidence=kept,
         opened=snap.now,
         at=step.at or snap.now,
         index=record.index,

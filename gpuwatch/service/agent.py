@@ -231,8 +231,9 @@ class Agent:
         """The fault ledger brought up to date with this poll (a repair from the CLI read back by its file's change);
         a failed write keeps it in memory, said once by the ledger."""
         boot_id, boot_time = self._boot
+        view = self._ledger.view()  # a repair from the CLI read back first: this poll is judged with it
+        self.store.set_ledger(view)
         snap = self.store.snapshot()
-        view = self._ledger.view()
 
         def keep(records: Records) -> None:
             remember(
