@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 from ports import free_port
-from processes import stop, wait_until_ready
+from processes import stop, until, wait_until_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.cli.probe_command import polled_node
@@ -263,16 +263,6 @@ def _gpu(base: str, index: int) -> dict[str, Any]:
     return next(g for g in doc["gpus"] if g["index"] == index)
 
 
-def _until(what: str, test: Any, timeout: float = 30) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = test()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: never held; last {last!r}")
-
-
 def test_the_agent_exports_the_results_and_holds_a_failure_in_the_ledger_until_repaired(tmp_path: Path) -> None:
     state = tmp_path / "state"
     code, _, err, _ = diag(state, "--scenario", "underperforming", "--gpus", "3")
@@ -294,15 +284,15 @@ def test_the_agent_exports_the_results_and_holds_a_failure_in_the_ledger_until_r
     )
     try:
         wait_until_ready(f"{base}/healthz", proc, "agent")
-        exported = _until("the diag results exported", lambda: _metrics(base).get(("2", "sustained", "fail")) == 1)
+        exported = until("the diag results exported", lambda: _metrics(base).get(("2", "sustained", "fail")) == 1, 30)
         assert exported
         metrics = _metrics(base)
         assert metrics[("2", "sustained", "pass")] == 0 and metrics[("0", "sustained", "pass")] == 1
         assert metrics[("0", "allreduce", "skip")] == 1
-        gpu = _until("GPU 2 unhealthy", lambda: (g := _gpu(base, 2))["state"] == "unhealthy" and g)
+        gpu = until("GPU 2 unhealthy", lambda: (g := _gpu(base, 2))["state"] == "unhealthy" and g, 30)
         assert gpu["action"] == "reset_gpu"
         assert any(e.startswith("GpuDiagFailed: diag sustained (level 1) failed at") for e in gpu["evidence"])
-        held = _until("the fault held", lambda: _gpu(base, 2)["held"])
+        held = until("the fault held", lambda: _gpu(base, 2)["held"], 30)
         assert [h["fault"] for h in held] == ["GpuDiagFailed"] and held[0]["action"] == "reset_gpu"
         assert _gpu(base, 0)["state"] == "healthy"
         repaired = subprocess.run(
@@ -313,7 +303,7 @@ def test_the_agent_exports_the_results_and_holds_a_failure_in_the_ledger_until_r
         )
         assert repaired.returncode == 0, repaired.stderr.decode()
         # The failure predates the repair: mended, not reopened as "returned", until a later run fails again.
-        healthy = _until("GPU 2 healthy after the repair", lambda: (g := _gpu(base, 2))["state"] == "healthy" and g)
+        healthy = until("GPU 2 healthy after the repair", lambda: (g := _gpu(base, 2))["state"] == "healthy" and g, 30)
         assert healthy["held"] == []
     finally:
         stop(proc)

@@ -18,6 +18,7 @@ from typing import Any
 import bcrypt
 import pytest
 from ports import free_port, free_port_range
+from processes import stop_all
 from prometheus_client.parser import text_string_to_metric_families
 from test_webconfig import Pki, pki  # noqa: F401 (the module's test CA and server certificate)
 
@@ -80,14 +81,7 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     try:
         yield urls
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
 
 
 def _get(url: str, accept: str | None = None, method: str = "GET") -> tuple[int, str, bytes]:

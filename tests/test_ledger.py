@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from ports import free_port
-from processes import stop, wait_until_ready
+from processes import stop, until, wait_until_ready
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimAgent
 
@@ -63,13 +63,7 @@ class Agent:
         return next(g for g in self.document()[1]["gpus"] if g["index"] == index)
 
     def until(self, what: str, test: Any, timeout: float = 120) -> Any:
-        deadline, last = time.monotonic() + timeout, None
-        while time.monotonic() < deadline:
-            last = test()
-            if last:
-                return last
-            time.sleep(0.5)
-        raise AssertionError(f"{what}: never held; last {last!r}; log:\n{self.log.read_text()[-3000:]}")
+        return until(what, test, timeout, context=lambda: f"; log:\n{self.log.read_text()[-3000:]}")
 
     def action_metric(self, index: int = GPU) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as reply:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from ports import free_port, free_port_range
+from processes import stop_all
 
 from gpuwatch.cli.health_command import TIMEOUT_SECONDS, fit, npd_message
 from gpuwatch.config.settings import DEFAULT_PORT, parse_listen
@@ -238,14 +238,7 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             _settled(scenario, url)
         yield urls
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
 
 
 def _settled(scenario: str, base: str, timeout: float = 90) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import until
 from test_agent_process import Agent, samples
 from test_probe_worker import TINY, WORKER, run, torch_installed  # noqa: F401 (the fixture)
 
@@ -313,7 +314,7 @@ def test_the_ledger_holds_a_compute_error_and_escalates_it_after_two_repairs(
         agent.wait_ready()
         actions = []
         for round_ in range(3):
-            fault = _until(open_fault, f"an open GpuComputeErrors fault (round {round_})")
+            fault = until(f"an open GpuComputeErrors fault (round {round_})", open_fault, 60, every=0.2)
             assert "column checksums disagree" in fault["evidence"] and fault["index"] == 2, fault
             status, doc = _health(agent.base)
             gpu2 = next(g for g in doc["gpus"] if g["index"] == 2)
@@ -336,16 +337,6 @@ def test_the_ledger_holds_a_compute_error_and_escalates_it_after_two_repairs(
         if agent.proc.poll() is None:
             agent.proc.kill()
             agent.proc.communicate()
-
-
-def _until(probe: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"never: {what}")
 
 
 @pytest.mark.parametrize(

@@ -104,10 +104,7 @@ def repair_gpu(config: Config, gpu: str, note: str) -> int:
             mended, closed = repair(record, now=time.time(), by=by, note=note.strip())
             if closed:
                 records.put(mended)
-    except StateDirError as exc:
-        print(f"gpuwatch repair: {exc}; run it as the agent's user or root", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except PermissionError as exc:
+    except (StateDirError, PermissionError) as exc:
         print(f"gpuwatch repair: {exc}; run it as the agent's user or root", file=sys.stderr)
         return EXIT_UNAVAILABLE
     name = f"GPU {record.index} ({record.uuid})"

@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -318,6 +318,7 @@ def _parse_fault(raw: object) -> Fault | None:
         if closure is None:
             return None
     assert isinstance(opened, int | float) and isinstance(at, int | float)
+    assert isinstance(index, int) and isinstance(returns, int)
     return Fault(
         key=str(key),
         state=state,
@@ -326,10 +327,10 @@ def _parse_fault(raw: object) -> Fault | None:
         evidence=evidence[:MAX_EVIDENCE_CHARS],
         opened=float(opened),
         at=float(at),
-        index=int(index),  # type: ignore[arg-type]
+        index=index,
         driver=driver,
         boots=tuple(boots[-MAX_BOOTS_PER_FAULT:]),
-        returns=int(returns),  # type: ignore[arg-type]
+        returns=returns,
         closed=closure,
     )
 
@@ -372,9 +373,11 @@ def _bounded_gpus(gpus: dict[str, GpuRecord]) -> dict[str, GpuRecord]:
     """At most MAX_GPUS records: those with open faults first, then the most recently active."""
     if len(gpus) <= MAX_GPUS:
         return gpus
-    newest: Callable[[GpuRecord], tuple[bool, float]] = lambda r: (  # noqa: E731
-        bool(r.open_faults),
-        max((f.closed.time if f.closed else f.opened) for f in r.faults) if r.faults else 0.0,
-    )
-    keep = sorted(gpus.values(), key=newest, reverse=True)[:MAX_GPUS]
+    keep = sorted(gpus.values(), key=_activity, reverse=True)[:MAX_GPUS]
     return {r.uuid: r for r in keep}
+
+
+def _activity(record: GpuRecord) -> tuple[bool, float]:
+    """Open faults first, then the latest a fault opened or closed."""
+    times = [f.closed.time if f.closed else f.opened for f in record.faults]
+    return bool(record.open_faults), max(times, default=0.0)
