@@ -218,6 +218,92 @@ def test_dcgmi_diag_is_folded_in_per_gpu_where_it_is_installed(tmp_path: Path) -
     assert calls.read_text().split() == ["diag", "-r", "1", "-j", "-i", "0,1"]
 
 
+# `rvs -r 3 -j FILE`'s log as RVS builds it (ROCm/ROCmValidationSuite src/rvsliblogger.cpp: "version", then a node
+# per module and a list per action; include/rvs_util.h log_to_json: gpu_id, gpu_index, the module's keys, "pass" as
+# "true"/"false"; gst.so/src/gst_worker.cpp: target, dtype, gflops; mem.so/src/rvs_memworker.cpp: Test, Time Taken,
+# errors). GPU 1 misses its GEMM target; GPU 0 passes; a node-level record without gpu_index belongs to no GPU.
+RVS_JSON = {
+    "version": "1.0",
+    "gst": {
+        "gst-1000Tflops-4K4K8K-rand-fp8": [
+            {
+                "gpu_id": "28851",
+                "gpu_index": "0",
+                "target": "1000000",
+                "dtype": "fp8_r",
+                "gflops": "1154273",
+                "pass": "true",
+            },
+            {
+                "gpu_id": "45601",
+                "gpu_index": "1",
+                "target": "1000000",
+                "dtype": "fp8_r",
+                "gflops": "611532",
+                "pass": "false",
+            },
+        ]
+    },
+    "mem": {
+        "mem-walking-1": [
+            {
+                "gpu_id": "28851",
+                "gpu_index": "0",
+                "Test": "Walking 1 bit",
+                "Time Taken": "1.52",
+                "errors": "0",
+                "pass": "true",
+            },
+            {
+                "gpu_id": "45601",
+                "gpu_index": "1",
+                "Test": "Walking 1 bit",
+                "Time Taken": "1.49",
+                "errors": "0",
+                "pass": "true",
+            },
+        ]
+    },
+    "rcqt": {"metapackage-validation": [{"package": "rocm", "pass": "true"}]},
+}
+
+
+def test_rvs_is_folded_in_per_gpu_on_an_amd_node(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "rvs-calls"
+    # Writes its JSON where -j says, as rvs does, and prints only the log file's name (as with --quiet).
+    (bin_dir / "rvs").write_text(
+        f"#!/bin/sh\necho \"$@\" >> {calls}\nout=''\nwhile [ $# -gt 0 ]; do\n"
+        '  if [ "$1" = -j ]; then out="$2"; fi\n  shift\ndone\n'
+        f'cat > "$out" <<\'EOF\'\n{json.dumps(RVS_JSON)}\nEOF\necho "json log file is $out"\nexit 1\n'
+    )
+    (bin_dir / "rvs").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    code, doc, err, _ = diag(tmp_path / "state", "--vendor", "amd", "--gpus", "2", "--level", "2", env=env)
+    assert code == 1, err
+    assert doc is not None
+    by_gpu = results(doc)
+    assert by_gpu[0]["rvs"] == ("pass", "rvs -r 3: 2 action(s) passed")
+    result, detail = by_gpu[1]["rvs"]
+    assert result == "fail" and "gst/gst-1000Tflops-4K4K8K-rand-fp8: target=1000000" in detail
+    assert "gflops=611532" in detail and "mem/" not in detail
+    argv = calls.read_text().split()
+    assert argv[:4] == ["-r", "3", "-i", "0,1"] and argv[4] == "-j" and argv[6] == "--quiet"
+
+
+def test_rvs_without_its_json_is_a_skip_with_its_words(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rvs").write_text("#!/bin/sh\necho 'Error: unknown option -r' >&2\nexit 255\n")
+    (bin_dir / "rvs").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    _, doc, err, _ = diag(tmp_path / "state", "--vendor", "amd", "--gpus", "1", env=env)
+    assert doc is not None, err
+    result, detail = results(doc)[0]["rvs"]
+    assert result == "skip" and detail == "rvs -r 2 wrote no JSON (exit 255): Error: unknown option -r"
+
+
 def test_the_all_reduce_child_sums_right_and_is_held_to_the_gpus_links(tmp_path: Path) -> None:
     """The child as a GPU node runs it, with gloo on the CPU: real processes, one per rank."""
     done = subprocess.run(

@@ -9,8 +9,8 @@ readings of the GPU (SM clock, power, temperature, throttle reasons): the thrott
 see. The child measures; this module judges (HBM mismatches, bandwidth against the link's nominal, throughput
 against the GPU's peers and its probe baseline, thermal or power-brake throttling).
 
-Node-wide tests: the all-reduce (PyTorch with NCCL or RCCL and two GPUs or more), `dcgmi diag` where DCGM is
-installed (gpuwatch/probe/dcgm_diag.py); each is "skip" with its reason where it cannot run. It takes the probe's
+Node-wide tests: the all-reduce (PyTorch with NCCL or RCCL and two GPUs or more), p2p copies, `dcgmi diag` where
+DCGM is installed and `rvs` where RVS is (gpuwatch/probe/diag_node.py); each is "skip" with its reason where it cannot run. It takes the probe's
 per-GPU locks (gpuwatch/probe/locks.py) so it never overlaps the agent's probe, and refuses a busy GPU (the probe's
 idle rule) unless forced.
 """
@@ -43,7 +43,6 @@ from gpuwatch.state.store import SampleStore
 log = logging.getLogger(__name__)
 
 GPU_TESTS = ("hbm", "pcie", "sustained")
-NODE_TESTS = ("allreduce", "dcgm")
 WATCH_SECONDS = 0.05
 LOCK_WAIT_SECONDS = 30.0  # the agent's probe holds a GPU for a few seconds at most
 # What a healthy link moves of its nominal: an H100 on PCIe gen 5 x16 copies 52-54 GB/s pinned of 63 GB/s (~84 %),

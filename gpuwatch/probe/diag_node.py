@@ -6,6 +6,12 @@ the reason where it cannot run.
 [{"name": …, "results": [{"entity_group": "GPU", "entity_id": N, "status": "Pass"|"Fail"|"Skip"|"Warn"|…,
 "warnings": [{"warning": …, "error_id": …}]}], "test_summary": {"status": …}}]}], "runtime_error": …}}``, as
 NVIDIA/DCGM's testing/python3/dcgm_diag_schema.json defines it; its entity ids are NVML's GPU indices.
+
+`rvs -r N -i <indices> -j FILE` (ROCm Validation Suite; ROCm/ROCmValidationSuite docs/ug1main.md, "Command line
+options" and "Test Levels") writes ``{"version": "1.0", "<module>": {"<action>": [{"gpu_id": "…", "gpu_index": "0",
+…, "pass": "true"|"false"}, …]}, …}``: src/rvsliblogger.cpp builds the module and action nodes, include/rvs_util.h's
+log_to_json each result with `gpu_index` (the amd-smi index, which gpuwatch's AMD backend shares) and the module's
+"pass" key (smqt writes it as "1"/"0").
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from gpuwatch.core.model import GpuIdentity, GpuSample
@@ -37,7 +45,13 @@ P2P_MODULE = "gpuwatch.probe.diag_p2p"
 # nominal's 80 %. Half is a floor for a link down or a pair fallen back to the host, not yet measured on a real node.
 P2P_SHARE_MIN = 0.5
 _NO_P2P = TestOutcome("p2p", "skip", "no peer copy result for this GPU", 0.0)
-RVS_NOT_YET = "RVS is installed, but folding its results in is not done yet: run `rvs` by hand"
+# gpuwatch's levels on RVS's (docs/ug1main.md, "Test Levels"): 2 checks PCIe, a quick HBM pass and XGMI in seconds;
+# 3 measures HBM, PCIe and XGMI bandwidth and GEMM in minutes; 4 adds a memory test, tens of minutes. RVS's level 1
+# only checks that ROCm's packages are installed, which says nothing about a GPU.
+RVS_LEVELS = {1: 2, 2: 3, 3: 4}
+RVS_SECONDS = {1: 300.0, 2: 1800.0, 3: 5400.0}
+RVS_INSTALLED = "/opt/rocm/bin/rvs"  # where the rocm-validation-suite package puts it (docs/install/installation)
+_PASS_WORDS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def node_tests(
@@ -59,10 +73,8 @@ def node_tests(
         for uuid, outcome in dcgm(identities, level, which).items():
             out[uuid].append(outcome)
     if "amd" in vendors:
-        found = which("rvs")
-        reason = RVS_NOT_YET if found else "RVS is not installed (no rvs on PATH)"
-        for i in identities:
-            out[i.uuid].append(TestOutcome("rvs", "skip", reason, 0.0))
+        for uuid, outcome in rvs(identities, level, which).items():
+            out[uuid].append(outcome)
     return out
 
 
@@ -260,3 +272,71 @@ def fold_dcgm(text: str, index: int, level: int, seconds: float, code: int = 0) 
     if passed:
         return TestOutcome("dcgm", "pass", f"dcgmi diag -r {level}: {len(passed)} test(s) passed", seconds)
     return TestOutcome("dcgm", "skip", f"dcgmi diag -r {level} ran no test on this GPU", seconds)
+
+
+def rvs(
+    identities: list[GpuIdentity], level: int, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, TestOutcome]:
+    """`rvs -r LEVEL -j FILE` folded in: one outcome per GPU (fail when any of its results failed)."""
+    found = which("rvs") or (RVS_INSTALLED if os.access(RVS_INSTALLED, os.X_OK) else None)
+    if found is None:
+        text = f"RVS is not installed (no rvs on PATH or at {RVS_INSTALLED})"
+        return {i.uuid: TestOutcome("rvs", "skip", text, 0.0) for i in identities}
+    rvs_level = RVS_LEVELS[level]
+    indices = ",".join(str(i.index) for i in identities)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpuwatch-rvs-") as scratch:
+        report = Path(scratch) / "rvs.json"
+        argv = [found, "-r", str(rvs_level), "-i", indices, "-j", str(report), "--quiet"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=RVS_SECONDS[level], check=False)
+        except subprocess.TimeoutExpired:
+            seconds = time.monotonic() - started
+            text = f"rvs -r {rvs_level} did not finish within {RVS_SECONDS[level]:g} s (killed)"
+            return {i.uuid: TestOutcome("rvs", "skip", text, seconds) for i in identities}
+        seconds = time.monotonic() - started
+        try:
+            text = report.read_text(errors="replace")
+        except OSError:
+            said = (done.stderr or done.stdout).decode(errors="replace").strip()[-200:]
+            missing = f"rvs -r {rvs_level} wrote no JSON (exit {done.returncode}): {said or 'no output'}"
+            return {i.uuid: TestOutcome("rvs", "skip", missing, seconds) for i in identities}
+    return {i.uuid: fold_rvs(text, i.index, rvs_level, seconds) for i in identities}
+
+
+def fold_rvs(text: str, index: int, rvs_level: int, seconds: float) -> TestOutcome:
+    """One GPU's outcome from RVS's JSON log: every result record of that `gpu_index`, named module/action."""
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        return TestOutcome("rvs", "skip", f"rvs -r {rvs_level} wrote JSON that does not parse ({err})", seconds)
+    passed: list[str] = []
+    failed: list[str] = []
+    for where, record in _rvs_records(doc, ()):
+        if str(record.get("gpu_index", "")).strip() != str(index):
+            continue
+        verdict = _PASS_WORDS.get(str(record["pass"]).strip().lower())
+        if verdict is True:
+            passed.append(where)
+        elif verdict is False:
+            details = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("gpu_id", "gpu_index", "pass"))
+            failed.append(f"{where}: {details}" if details else where)
+    if failed:
+        return TestOutcome("rvs", "fail", f"rvs -r {rvs_level}: " + " | ".join(dict.fromkeys(failed)), seconds)
+    if passed:
+        count = len(dict.fromkeys(passed))
+        return TestOutcome("rvs", "pass", f"rvs -r {rvs_level}: {count} action(s) passed", seconds)
+    return TestOutcome("rvs", "skip", f"rvs -r {rvs_level} reported no result for this GPU", seconds)
+
+
+def _rvs_records(node: object, path: tuple[str, ...]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every result record (a dict with a "pass" key) under `node`, with the module/action keys that lead to it."""
+    if isinstance(node, dict):
+        if "pass" in node:
+            yield "/".join(path) or "rvs", node
+            return
+        for key, child in node.items():
+            yield from _rvs_records(child, (*path, str(key)))
+    elif isinstance(node, list):
+        for child in node:
+            yield from _rvs_records(child, path)
