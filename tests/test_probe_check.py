@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from gpuwatch.probe.checksum import (
     confidence_factor,
     corruption_targets,
 )
+from gpuwatch.probe.engines import CupyEngine
 
 SIM_WORKER = [sys.executable, "-m", "gpuwatch.simulated.probe_worker", "--json", "--seconds", "0"]
 
@@ -124,6 +126,53 @@ def test_the_hook_corrupts_distinct_columns_and_refuses_a_negative_count() -> No
     assert len({column for _, column in targets}) == 5
     with pytest.raises(ValueError, match="give 0 or more"):
         corruption_targets(256, -1)
+
+
+# --- the CuPy engine's check, on NumPy ------------------------------------------------------------------------------
+# CuPy implements NumPy's array API ("CuPy is a NumPy/SciPy-compatible array library", docs.cupy.dev, Overview), and
+# the CuPy engine's check, its float64 conversion of the raw bf16 bits and its corruption hook use only that API. No
+# GPU here runs CuPy, so NumPy stands in for it below; only the GEMM, cuBLAS's, is computed by NumPy too (bf16: the
+# float32 product rounded to nearest even, as cublasGemmEx with CUBLAS_COMPUTE_32F stores it).
+
+
+def _numpy_cupy_engine(dtype: str, n: int) -> Any:
+    numpy = pytest.importorskip("numpy")
+
+    def bf16_gemm(n: int, a: Any, b: Any, out: Any) -> Any:
+        def gemm() -> None:
+            wide = lambda x: (x.astype(numpy.uint32) << 16).view(numpy.float32)  # noqa: E731
+            bits = (wide(a) @ wide(b)).view(numpy.uint32)
+            out[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(numpy.uint16)
+
+        return gemm
+
+    class NumpyAsCupy:
+        """NumPy, but with CuPy's RandomState: its standard_normal takes a dtype, as NumPy's Generator's does."""
+
+        random = SimpleNamespace(RandomState=numpy.random.default_rng)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(numpy, name)
+
+    engine = object.__new__(CupyEngine)
+    engine._cp = NumpyAsCupy()
+    engine._keep = []
+    engine._dtype = ""
+    engine.synchronize = lambda: None  # type: ignore[method-assign]
+    engine._bf16_gemm = bf16_gemm  # type: ignore[method-assign]
+    engine.prepare(n, dtype, seed=3)
+    return engine
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_the_cupy_engines_check_passes_its_product_and_catches_one_corrupted_element(dtype: str) -> None:
+    engine = _numpy_cupy_engine(dtype, 256)
+    healthy = engine.check()
+    assert healthy.ok and healthy.columns == 256, healthy
+    assert engine.corrupt(1) == 1
+    wrong = engine.check()
+    assert wrong.bad_columns == 1 and wrong.worst_excess > 1.0, wrong
+    assert wrong.worst_column == corruption_targets(256, 1)[0][1]
 
 
 # --- the worker ------------------------------------------------------------------------------------------------------
