@@ -88,6 +88,7 @@ STATE_ALERTS = {
     "GpuSramEccThresholdExceeded",
     "GpuInforomCorrupted",
     "GpuFabricNotRegistered",
+    "GpuFabricDegraded",  # the conditions are its state
     "GpuLost",
     "GpuwatchDown",
     "GpuwatchStateDirNotWritable",

@@ -13,13 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvml_bindings import RELEASES, binding_path
+from nvml_bindings import OLDEST, RELEASES, binding_path
 
 from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.backends.nvml_slow import _fabric_health
+from gpuwatch.core.model import GpuSample
 from gpuwatch.simulated import nvml_constants
 from gpuwatch.simulated.bindings import load_module_copy, simulated_pynvml
 from gpuwatch.simulated.libnvml import ERROR_STRINGS, PROTOTYPES
-from gpuwatch.simulated.nvml_structs import BINDING_NAMES, nvmlGpmMetric_t, nvmlGpmMetricsGetHeader_t
+from gpuwatch.simulated.nvml_structs import (
+    BINDING_NAMES,
+    NEWER_BINDING_NAMES,
+    nvmlGpmMetric_t,
+    nvmlGpmMetricsGetHeader_t,
+)
 from gpuwatch.simulated.scenarios import SimulatedNode
 
 
@@ -44,6 +51,9 @@ def test_structs_are_laid_out_as_the_bindings_structs(release: Path) -> None:
     """pynvml hands over ``byref(its_struct)``; the library writes at its own offsets: sizes and offsets agree."""
     module = load_module_copy(release, "layout")
     for ours, name in BINDING_NAMES.items():
+        if name in NEWER_BINDING_NAMES and f"nvidia-ml-py-{OLDEST}" in str(release):
+            assert not hasattr(module, name), f"{name} is in {OLDEST} after all: drop it from NEWER_BINDING_NAMES"
+            continue
         theirs = getattr(module, name)
         assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), name
         for field_name, *_ in theirs._fields_:
@@ -199,3 +209,58 @@ def test_inforom_versions_follow_nvml_h(release: Path) -> None:
         assert "lost" in str(gone["unavailable"]).lower()
     finally:
         backend.close()
+
+
+def test_fabric_info_answers_versions_2_and_3_and_the_backend_reads_what_each_release_asks(release: Path) -> None:
+    """nvmlDeviceGetGpuFabricInfoV takes nvmlGpuFabricInfo_v2 (0x02000024: the health mask) or _v3 (0x3000028: and
+    healthSummary), other versions ArgumentVersionMismatch (nvidia-ml-py 13.615.71 pynvml.py 7260-7290). The mask
+    packs two-bit fields, NOT_SUPPORTED 0 / TRUE 1 / FALSE 2: DEGRADED_BW at shift 0, ROUTE_RECOVERY 2,
+    ROUTE_UNHEALTHY 4, ACCESS_TIMEOUT_RECOVERY 6, and INCORRECT_CONFIGURATION's four bits at 8 (NONE 1)."""
+    node = SimulatedNode("fabric_degraded", gpus=4)
+    lib = simulated_pynvml(node, binding=release)
+    lib.nvmlInit()
+    try:
+        handle = lib.nvmlDeviceGetHandleByIndex(2)
+        v2 = lib.c_nvmlGpuFabricInfoV_t()
+        lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(v2))
+        assert v2.state == lib.NVML_GPU_FABRIC_STATE_COMPLETED and v2.status == lib.NVML_SUCCESS
+        assert v2.healthMask & 0x3 == lib.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+        assert (v2.healthMask >> 4) & 0x3 == lib.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE
+        wrong = lib.c_nvmlGpuFabricInfoV_t()
+        wrong.version = 0x04000000 | ctypes.sizeof(wrong)
+        with pytest.raises(lib.NVMLError_ArgumentVersionMismatch):
+            lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(wrong))
+        if hasattr(lib, "c_nvmlGpuFabricInfo_v3_t"):
+            v3 = lib.c_nvmlGpuFabricInfo_v3_t()
+            lib.nvmlDeviceGetGpuFabricInfoV(lib.nvmlDeviceGetHandleByIndex(0), ctypes.byref(v3))
+            assert v3.healthSummary == lib.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+            assert (v3.healthMask >> 8) & 0xF == lib.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE
+    finally:
+        lib.nvmlShutdown()
+    backend = NvmlBackend(simulated_pynvml(node, binding=release))
+    backend.open()
+    try:
+        faulted = next(r.sample for r in backend.poll(slow=True) if r.identity.index == 2)
+    finally:
+        backend.close()
+    mask_conditions = {
+        "degraded_bandwidth": True,
+        "route_recovery": False,
+        "route_unhealthy": False,
+        "access_timeout_recovery": False,
+        "incorrect_configuration": False,
+    }
+    # The oldest release has no v3 struct: the backend reads the mask alone, and no summary condition.
+    summary = {"unhealthy": False, "limited_capacity": True} if f"nvidia-ml-py-{OLDEST}" not in str(release) else {}
+    assert faulted is not None and faulted.fabric_health == {**mask_conditions, **summary}
+
+
+def test_an_incorrect_fabric_configuration_is_named() -> None:
+    """INCORRECT_CONFIGURATION's values (nvidia-ml-py 13.615.71 pynvml.py 7230-7239): 5 INSUFFICIENT_NVLINKS."""
+    sample = GpuSample("GPU-x", 0.0)
+    _fabric_health((2 << 0) | (2 << 2) | (2 << 4) | (2 << 6) | (5 << 8), 2, sample)
+    assert sample.fabric_health["incorrect_configuration"] is True and sample.fabric_health["unhealthy"] is True
+    assert sample.fabric_misconfiguration == "insufficient NVLinks"
+    none_supported = GpuSample("GPU-y", 0.0)
+    _fabric_health(0, 0, none_supported)
+    assert none_supported.fabric_health == {} and none_supported.fabric_misconfiguration is None

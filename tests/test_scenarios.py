@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
+from gpuwatch.core.model import FABRIC_CONDITIONS
 from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
+from gpuwatch.judge.gpu_verdict import gpu_verdicts
 
 HARDWARE_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
 
@@ -61,6 +63,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "training", "dataloader_starved", "idle_allocated",  # issue 17: real utilization
         "nvml_hang",  # issue 30: a vendor call that never returns
         "corrupt",  # issue 33: a GPU whose matmul results are wrong
+        "fabric_degraded",  # issue 34: an NVSwitch node whose GPU's fabric runs degraded
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 
@@ -193,6 +196,28 @@ def test_row_remap_failure(sim: SimAgent) -> None:
     for gpu in others():
         assert_healthy(sim, gpu)
         assert sim.value("gpuwatch_gpu_recovery_action", gpu) == 0.0
+
+
+@scenario("fabric_degraded")
+def test_fabric_degraded_shows_its_conditions_and_only_on_its_gpu(sim: SimAgent) -> None:
+    """nvmlGpuFabricInfo_v3 (nvidia-ml-py 13.615.71 pynvml.py): the mask's DEGRADED_BW TRUE and the summary
+    LIMITED_CAPACITY on the faulted GPU; every condition the mask and summary report is exported on each GPU."""
+    for gpu in range(8):
+        assert sim.value("gpuwatch_gpu_fabric_healthy", gpu) == 1.0  # registered: the fabric runs, degraded
+        assert sim.value("gpuwatch_gpu_nvlink_up", gpu, link="0") == 1.0
+        holding = {c for c in FABRIC_CONDITIONS if sim.value("gpuwatch_gpu_fabric_health", gpu, condition=c) == 1.0}
+        reported = {
+            c for c in FABRIC_CONDITIONS if sim.value("gpuwatch_gpu_fabric_health", gpu, condition=c) is not None
+        }
+        assert reported == set(FABRIC_CONDITIONS), gpu  # an HGX H100 reports the five mask fields and the summary
+        assert holding == ({"degraded_bandwidth", "limited_capacity"} if gpu == FAULT_GPU else set()), gpu
+    verdicts = {v.index: v.as_json() for v in gpu_verdicts(sim.agent.store.snapshot())}
+    faulted = verdicts[FAULT_GPU]
+    assert faulted["state"] == "degraded" and faulted["action"] == "reset_gpu", faulted
+    assert any("NVLink fabric health: degraded bandwidth, limited capacity" in e for e in faulted["evidence"]), faulted
+    assert sim.value("gpuwatch_gpu_health", FAULT_GPU, state="degraded") == 1.0
+    for gpu in others():
+        assert verdicts[gpu]["state"] == "healthy", verdicts[gpu]
 
 
 @scenario("gpu_lost")

@@ -91,6 +91,7 @@ EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
     ],
     "underperforming": [(2, "% of its baseline", "GpuUnderperforming")],
     "corrupt": [(2, "probe(s) computed a wrong result", "GpuComputeErrors")],
+    "fabric_degraded": [(2, "NVLink fabric health: degraded bandwidth, limited capacity", "GpuFabricDegraded")],
     "pcie_degraded": [(2, "PCIe link downtrained: gen 3 x8 of gen 5 x16", "GpuPcieLinkDegraded")],
     "xid": [(2, "XID 79 (GPU has fallen off the bus)", "GpuXidCritical")],
     "ecc_uncorrectable": [(2, "uncorrectable ECC errors", "GpuEccUncorrectable")],

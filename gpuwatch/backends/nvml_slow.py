@@ -8,8 +8,15 @@ import logging
 from dataclasses import dataclass, field
 
 from gpuwatch.backends.nvml_tables import (
+    _FABRIC_CONFIGURATION_MASK,
+    _FABRIC_CONFIGURATION_SHIFT,
+    _FABRIC_FALSE,
+    _FABRIC_HEALTH_FLAGS,
+    _FABRIC_MISCONFIGURATIONS,
     _FABRIC_STATE_COMPLETED,
     _FABRIC_STATE_NOT_SUPPORTED,
+    _FABRIC_SUMMARY,
+    _FABRIC_TRUE,
     _FI_NVLINK_COUNTS,
     _FI_PCIE_ERRORS,
     _NVLINK_COUNTERS,
@@ -130,17 +137,25 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
         return bool(status.bThresholdExceeded)
 
     def _read_fabric(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """NVSwitch systems: has the fabric manager registered this GPU? Absent where there is no fabric."""
-        struct = getattr(self._lib, "c_nvmlGpuFabricInfoV_t", None)
-        if struct is None:
-            return
-        info = struct()  # the binding's constructor sets its version
-        if self._call(gpu, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info)) is None:
+        """NVSwitch systems: has the fabric manager registered this GPU, and how healthy is its fabric? Absent where
+        there is no fabric. Asks version 3 (the health summary) first and version 2 (the mask) of a driver or
+        binding without it; a mismatch is remembered, so each poll asks once."""
+        info = None
+        for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfoV_t"):
+            struct = getattr(self._lib, name, None)
+            if struct is None:
+                continue
+            candidate = struct()  # the binding's constructor sets its version
+            if self._call(gpu, "nvmlDeviceGetGpuFabricInfoV", ctypes.byref(candidate)) is not None:
+                info = candidate
+                break
+        if info is None:
             return
         state = int(info.state)
         if state == _FABRIC_STATE_NOT_SUPPORTED:
             return
         sample.fabric_healthy = state == _FABRIC_STATE_COMPLETED and int(info.status) == 0
+        _fabric_health(int(info.healthMask), int(getattr(info, "healthSummary", 0)), sample)
 
     def _read_nvlinks(self, gpu: _Gpu, sample: GpuSample) -> None:
         """State and error counters of the links found in the static tier (absent links were never kept)."""
@@ -199,3 +214,20 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
         for fan in range(gpu.fans):
             if (speed := self._call(gpu, "nvmlDeviceGetFanSpeed_v2", fan)) is not None:
                 sample.fan_speed_ratio[str(fan)] = speed / 100
+
+
+def _fabric_health(mask: int, summary: int, sample: GpuSample) -> None:
+    """The conditions a fabric's health mask and summary report (NOT_SUPPORTED ones are left out)."""
+    for condition, shift, width in _FABRIC_HEALTH_FLAGS:
+        value = (mask >> shift) & width
+        if value in (_FABRIC_TRUE, _FABRIC_FALSE):
+            sample.fabric_health[condition] = value == _FABRIC_TRUE
+    configuration = (mask >> _FABRIC_CONFIGURATION_SHIFT) & _FABRIC_CONFIGURATION_MASK
+    if configuration:
+        wrong = configuration != 1  # 1: NONE
+        sample.fabric_health["incorrect_configuration"] = wrong
+        if wrong:
+            sample.fabric_misconfiguration = _FABRIC_MISCONFIGURATIONS.get(configuration, f"code {configuration}")
+    if summary in _FABRIC_SUMMARY:
+        for condition in ("unhealthy", "limited_capacity"):
+            sample.fabric_health[condition] = _FABRIC_SUMMARY[summary] == condition

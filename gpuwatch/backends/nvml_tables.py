@@ -90,6 +90,29 @@ _REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
 # nvmlGpuFabricState_t
 _FABRIC_STATE_NOT_SUPPORTED = 0
 _FABRIC_STATE_COMPLETED = 3
+# nvmlGpuFabricInfo_v2/_v3 healthMask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*; nvidia-ml-py 13.615.71 pynvml.py
+# 7206-7257): condition, shift and field mask. The two-bit fields read NOT_SUPPORTED 0, TRUE 1, FALSE 2. Their
+# WIDTH constants are 0x3 in 13.615.71 but 0x11 in 12.570.86's pynvml.py for the same two bits: the masks are ours.
+_FABRIC_HEALTH_FLAGS = (
+    ("degraded_bandwidth", 0, 0x3),
+    ("route_recovery", 2, 0x3),
+    ("route_unhealthy", 4, 0x3),
+    ("access_timeout_recovery", 6, 0x3),
+)
+_FABRIC_TRUE, _FABRIC_FALSE = 1, 2
+# INCORRECT_CONFIGURATION: four bits at 8; NOT_SUPPORTED 0, NONE 1, else what is wrong.
+_FABRIC_CONFIGURATION_SHIFT, _FABRIC_CONFIGURATION_MASK = 8, 0xF
+_FABRIC_MISCONFIGURATIONS = {
+    2: "incorrect system GUID",
+    3: "incorrect chassis serial number",
+    4: "no partition",
+    5: "insufficient NVLinks",
+    6: "incompatible GPU firmware",
+    7: "invalid location",
+    8: "GPU state invalid",
+}
+# healthSummary (v3): NOT_SUPPORTED 0, HEALTHY 1, UNHEALTHY 2, LIMITED_CAPACITY 3.
+_FABRIC_SUMMARY = {1: None, 2: "unhealthy", 3: "limited_capacity"}
 
 _CLOCKS = (
     ("sm", "NVML_CLOCK_SM"),

@@ -18,6 +18,18 @@ HostSourceName = Literal["hwmon", "ipmi"]  # the host collector a HostSample com
 ProbeEngineChoice = Literal["auto", "cupy", "torch"]
 ProbeDtype = Literal["bf16", "fp16", "fp32"]
 
+# NVLink fabric health conditions (nvml.h's healthMask fields, then healthSummary's two bad values), as
+# gpuwatch_gpu_fabric_health{condition} names them; each 1 while it holds (docs/metrics.md, "NVLink fabric").
+FABRIC_CONDITIONS: tuple[str, ...] = (
+    "degraded_bandwidth",
+    "route_recovery",
+    "route_unhealthy",
+    "access_timeout_recovery",
+    "incorrect_configuration",
+    "unhealthy",
+    "limited_capacity",
+)
+
 # The one vocabulary of throttle reasons (docs/metrics.md, "Throttling").
 THROTTLE_REASONS: tuple[str, ...] = (
     "gpu_idle",
@@ -98,6 +110,10 @@ class GpuSample:
     recovery_action: int | None = None
     inforom_valid: bool | None = None  # the InfoROM's checksums hold (NVIDIA)
     fabric_healthy: bool | None = None  # NVSwitch systems: the GPU completed fabric registration
+    # NVSwitch systems: each fabric health condition the driver reports (nvmlGpuFabricInfo_v2/_v3 healthMask and
+    # healthSummary) -> whether it holds; absent where the driver does not report it (see FABRIC_CONDITIONS).
+    fabric_health: dict[str, bool] = field(default_factory=dict)
+    fabric_misconfiguration: str | None = None  # what the incorrect_configuration condition names, while it holds
     pcie_link_generation: dict[str, int] = field(default_factory=dict)  # current, max
     pcie_link_width: dict[str, int] = field(default_factory=dict)
     pcie_replays_total: int | None = None

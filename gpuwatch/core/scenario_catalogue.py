@@ -57,6 +57,11 @@ SCENARIOS: dict[str, ScenarioInfo] = {
             "thermal_throttling",
             "software thermal slowdown 70 % of the time at 85-88 °C, never reaching the slowdown threshold",
         ),
+        _single(
+            "fabric_degraded",
+            "an NVSwitch (HGX) node: the GPU's NVLink fabric reports degraded bandwidth and limited capacity "
+            "(nvmlGpuFabricInfo_v3 health mask and summary) from the start; its links stay up",
+        ),
         _single("power_brake", "the hardware power brake holds the clocks down (hw_power_brake) from 1 s"),
         _single("power_limit_low", "enforced power limit 450 W, below the 700 W default, under load"),
         ScenarioInfo(

@@ -249,6 +249,14 @@ _SPECS: tuple[MetricSpec, ...] = (
         "NVSwitch systems: 1 when the GPU completed fabric registration, 0 while it has not or failed.",
     ),
     _m(
+        "gpuwatch_gpu_fabric_health",
+        "gauge",
+        (*GPU, "condition"),
+        "NVSwitch systems: 1 while a fabric health condition holds (nvmlGpuFabricInfo health mask and summary): "
+        "degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration, "
+        "unhealthy, limited_capacity; absent where the driver does not report it.",
+    ),
+    _m(
         "gpuwatch_gpu_recovery_action",
         "gauge",
         GPU,

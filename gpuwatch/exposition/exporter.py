@@ -321,6 +321,7 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
     each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
+    each("gpuwatch_gpu_fabric_health", gpu, s.fabric_health)
     each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))

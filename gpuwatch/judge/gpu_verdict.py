@@ -94,6 +94,7 @@ _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
     "GpuSramEccThresholdExceeded": ("reset_gpu", ""),
     "GpuInforomCorrupted": ("replace_gpu", ""),
     "GpuFabricNotRegistered": ("reset_gpu", ""),
+    "GpuFabricDegraded": ("reset_gpu", ""),  # the fabric reroutes around a fault; a reset retrains the GPU's links
     "GpuNvlinkDown": ("reset_gpu", ""),
     "GpuUnderperforming": ("reset_gpu", ""),
     "GpuSlowerThanFleet": ("reset_gpu", ""),

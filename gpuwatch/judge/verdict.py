@@ -298,6 +298,22 @@ def _board(s: GpuSample, out: list[Finding]) -> None:
                 "check nvidia-fabricmanager on the node; restart it",
             )
         )
+    holding = [condition for condition, holds in s.fabric_health.items() if holds]
+    if holding:
+        words = [
+            f"incorrect configuration ({s.fabric_misconfiguration})"
+            if c == "incorrect_configuration" and s.fabric_misconfiguration
+            else c.replace("_", " ")
+            for c in holding
+        ]
+        out.append(
+            Finding(
+                "warn",
+                "GpuFabricDegraded",
+                f"NVLink fabric health: {', '.join(words)}",
+                "drain the GPU; check nvidia-fabricmanager's log and the NVSwitch trays, then reset the GPU",
+            )
+        )
     down = sorted(link for link, up in s.nvlink_up.items() if not up)
     if down and any(s.nvlink_up.values()):  # some links up, some down: links that exist and dropped
         out.append(

@@ -95,6 +95,7 @@ class FaultInjector:
         self._lost: dict[int, bool] = {}
         self._library_missing: bool | None = None  # None: as the scenario says
         self._nvlink_down: set[tuple[int, int]] = set()
+        self._fabric_degraded: dict[int, bool] = {}  # gpu -> its fabric's bandwidth degraded (None: the scenario's)
         self._nvlink_errors: dict[tuple[int, int, int], int | None] = {}  # (gpu, link, counter) -> count
         self._sram_threshold_exceeded: set[int] = set()  # GPUs whose SRAM ECC errors passed the driver's threshold
         self._field_rules: list[FieldRule] = []
@@ -221,6 +222,19 @@ class FaultInjector:
         with self._lock:
             return (index, link) in self._nvlink_down
 
+    def set_fabric_degraded(self, index: int, degraded: bool) -> None:
+        """The GPU's NVLink fabric reports degraded bandwidth (health mask) and limited capacity (summary), or
+        stops doing so; only meaningful on a node with an NVSwitch fabric (nvlink=True)."""
+        self._check_gpu(index)
+        with self._lock:
+            self._fabric_degraded[index] = degraded
+        self._on_change()
+
+    def fabric_degraded_override(self, index: int) -> bool | None:
+        """True/False when a test decided, None to let the scenario decide."""
+        with self._lock:
+            return self._fabric_degraded.get(index)
+
     def set_nvlink_errors(self, index: int, link: int, counter: int, count: int | None) -> None:
         """What one error counter of one NVLink reads (`counter`: an nvmlNvLinkErrorCounter_t such as
         NVML_NVLINK_ERROR_DL_CRC_FLIT); None makes that counter answer NotSupported, as a counter the link does
@@ -303,6 +317,7 @@ class FaultInjector:
             self._lost.clear()
             self._library_missing = None
             self._nvlink_down.clear()
+            self._fabric_degraded.clear()
             self._nvlink_errors.clear()
             self._field_rules.clear()
             self._held_reasons.clear()

@@ -33,6 +33,7 @@ from gpuwatch.simulated.nvml_structs import (
     nvmlEventData_t,
     nvmlFieldValue_t,
     nvmlGpuFabricInfo_v2_t,
+    nvmlGpuFabricInfo_v3_t,
     nvmlMarginTemperature_t,
     nvmlMemory_t,
     nvmlMemory_v2_t,
@@ -80,6 +81,15 @@ _PCIE_SPEED_MBPS = {1: 2500, 2: 5000, 3: 8000, 4: 16000, 5: 32000, 6: 64000}
 _PCI_DEVICE_ID = 0x233010DE  # H100 SXM5 80GB
 _REMAP_BANKS = 2560  # an H100 80GB's memory banks (nvidia-smi -q: "Bank Remap Availability Histogram, Max")
 _FABRIC_INFO_V2 = 0x02000024
+_FABRIC_INFO_V3 = 0x3000028
+# nvml.h's fabric health mask (nvidia-ml-py 13.615.71 pynvml.py, NVML_GPU_FABRIC_HEALTH_MASK_*): 2-bit fields
+# NOT_SUPPORTED 0 / TRUE 1 / FALSE 2 for degraded bandwidth (shift 0), route recovery (2), route unhealthy (4) and
+# access timeout recovery (6); a 4-bit incorrect configuration (shift 8: NONE 1, else which); the partition (12) and
+# the global fabric manager (14), which only multi-node NVLink systems report. An HGX H100 reports the first five.
+_HEALTHY_FABRIC_MASK = (2 << 0) | (2 << 2) | (2 << 4) | (2 << 6) | (1 << 8)
+_DEGRADED_BW_TRUE = 1 << 0
+_FABRIC_SUMMARY_HEALTHY = 1  # NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+_FABRIC_SUMMARY_LIMITED_CAPACITY = 3
 _SRAM_ECC_STATUS_V1 = 0x1000068
 _FABRIC_STATE_NOT_SUPPORTED = 0
 _FABRIC_STATE_COMPLETED = 3
@@ -755,14 +765,30 @@ class _Driver(GpmFunctions):
     @_export(_P, _P)
     def nvmlDeviceGetGpuFabricInfoV(self, device: int, out: int) -> None:
         """An NVLink (HGX) node has a fabric the GPU registered with; elsewhere the state is NOT_SUPPORTED,
-        as the fixture's single PCIe-attached H100 shows ("Fabric State: N/A")."""
-        spec = self._spec("nvmlDeviceGetGpuFabricInfoV", device)
-        info = _struct(out, nvmlGpuFabricInfo_v2_t)
-        if info.version != _FABRIC_INFO_V2:
+        as the fixture's single PCIe-attached H100 shows ("Fabric State: N/A"). Version 2 adds the health mask,
+        version 3 its summary (nvml.h nvmlGpuFabricInfo_v2/_v3); a driver answers either, whichever was asked."""
+        index = self._enter(("nvmlDeviceGetGpuFabricInfoV",), device, needs_device=True)
+        spec = self.node.spec(index)
+        version = _struct(out, nvmlGpuFabricInfo_v2_t).version
+        if version not in (_FABRIC_INFO_V2, _FABRIC_INFO_V3):
             raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info = _struct(out, nvmlGpuFabricInfo_v3_t if version == _FABRIC_INFO_V3 else nvmlGpuFabricInfo_v2_t)
         info.status = c.NVML_SUCCESS
-        info.state = _FABRIC_STATE_COMPLETED if spec.nvlink_links > 0 else _FABRIC_STATE_NOT_SUPPORTED
         info.cliqueId = 0
+        if spec.nvlink_links == 0:
+            info.state = _FABRIC_STATE_NOT_SUPPORTED
+            info.healthMask = 0  # every condition NOT_SUPPORTED
+            if version == _FABRIC_INFO_V3:
+                info.healthSummary = 0
+            return
+        degraded = self.node.fabric_degraded(index)
+        info.state = _FABRIC_STATE_COMPLETED
+        mask = _HEALTHY_FABRIC_MASK
+        if degraded:
+            mask = (mask & ~0x3) | _DEGRADED_BW_TRUE
+        info.healthMask = mask
+        if version == _FABRIC_INFO_V3:
+            info.healthSummary = _FABRIC_SUMMARY_LIMITED_CAPACITY if degraded else _FABRIC_SUMMARY_HEALTHY
 
     @_export(_P, _P)
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: int, out: int) -> None:

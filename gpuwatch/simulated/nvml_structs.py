@@ -133,6 +133,21 @@ class nvmlGpuFabricInfo_v2_t(Structure):
     ]
 
 
+class nvmlGpuFabricInfo_v3_t(Structure):
+    """nvmlGpuFabricInfoV_t at version 3 (nvmlGpuFabricInfo_v3 = 0x3000028: version 3, 40 bytes): v2 and the
+    one-byte healthSummary (nvidia-ml-py 13.615.71 pynvml.py c_nvmlGpuFabricInfo_v3_t, from nvml.h)."""
+
+    _fields_ = [
+        ("version", c_uint),
+        ("clusterUuid", c_ubyte * 16),
+        ("status", c_uint),
+        ("cliqueId", c_uint32),
+        ("state", c_ubyte),
+        ("healthMask", c_uint32),
+        ("healthSummary", c_ubyte),
+    ]
+
+
 class nvmlEccSramErrorStatus_v1_t(Structure):
     _fields_ = [
         ("version", c_uint),
@@ -182,6 +197,8 @@ class nvmlGpmSupport_t(Structure):
     _fields_ = [("version", c_uint), ("isSupportedDevice", c_uint)]
 
 
+# Structs only the newer nvidia-ml-py releases define: the layout test checks them where the release has them.
+NEWER_BINDING_NAMES = frozenset({"c_nvmlGpuFabricInfo_v3_t"})
 # Each struct and the name the binding gives its own copy of it (for the layout test).
 BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMemory_t: "c_nvmlMemory_t",
@@ -197,6 +214,7 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMarginTemperature_t: "c_nvmlMarginTemperature_v1_t",
     nvmlRowRemapperHistogramValues_t: "c_nvmlRowRemapperHistogramValues",
     nvmlGpuFabricInfo_v2_t: "c_nvmlGpuFabricInfoV_t",
+    nvmlGpuFabricInfo_v3_t: "c_nvmlGpuFabricInfo_v3_t",  # releases from 12.575 on; NEWER_BINDING_NAMES
     nvmlEccSramErrorStatus_v1_t: "c_nvmlEccSramErrorStatus_v1_t",
     nvmlGpmMetricInfo_t: "c_metricInfo_t",
     nvmlGpmMetric_t: "c_nvmlGpmMetric_t",

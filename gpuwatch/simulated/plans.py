@@ -57,6 +57,8 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
         put(fault_gpu, work="dataloader_starved")
     elif scenario == "idle_allocated":
         put(fault_gpu, work="idle_allocated")
+    elif scenario == "fabric_degraded":
+        put(fault_gpu, fault=scenario, onset_s=0.0)  # the slow tier reads the fabric: present at the first poll
     elif scenario == "gpu_lost":
         put(fault_gpu, fault=scenario, lost_after_s=6.0)
     elif scenario == "nvml_hang":

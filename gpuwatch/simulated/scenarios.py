@@ -37,6 +37,8 @@ __all__ = ["NODE_ONLY_SCENARIOS", "GpuSpec", "GpuState", "SimEvent", "SimulatedN
 
 
 # nvml_hang: the call that hangs, as the simulated libraries name it: each poll's temperature read, on either vendor.
+# Scenarios about an NVSwitch system's fabric: their node has NVLinks (an HGX baseboard) whatever `nvlink` says.
+FABRIC_SCENARIOS = frozenset({"fabric_degraded"})
 HANG_CALLS = {"nvidia": "nvmlDeviceGetTemperature*", "amd": "amdsmi_get_temp_metric"}
 
 
@@ -195,7 +197,8 @@ class SimulatedNode:
         self.profile: VendorProfile = PROFILES[vendor]
         self.gpu_count = gpus
         self.seed = seed
-        self.nvlink = nvlink
+        # An NVSwitch fabric's scenario needs one: its GPUs get their NVLinks and register with the fabric.
+        self.nvlink = nvlink or scenario in FABRIC_SCENARIOS
         self._clock = clock
         self._start = clock()
         self._wall_start = wall_clock()
@@ -248,6 +251,15 @@ class SimulatedNode:
 
     def plan(self, index: int) -> GpuPlan:
         return self._plans[index]
+
+    def fabric_degraded(self, index: int) -> bool:
+        """GPU `index`'s NVLink fabric runs with less bandwidth than it should (scenario fabric_degraded), or a test
+        made it so (faults.set_fabric_degraded)."""
+        override = self.faults.fabric_degraded_override(index)
+        if override is not None:
+            return override
+        plan = self._plans[index]
+        return plan.fault == "fabric_degraded" and self.elapsed() >= plan.onset_s
 
     def spec(self, index: int) -> GpuSpec:
         return self._specs[index]
