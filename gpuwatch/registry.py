@@ -32,6 +32,7 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("workloads", "gpuwatch.collectors.workloads"),
     Registration("probe_results", "gpuwatch.collectors.probe_results"),
     Registration("diag_results", "gpuwatch.collectors.diag_results"),
+    Registration("fabric", "gpuwatch.collectors.fabric"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

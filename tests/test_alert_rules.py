@@ -89,6 +89,7 @@ STATE_ALERTS = {
     "GpuInforomCorrupted",
     "GpuFabricNotRegistered",
     "GpuFabricDegraded",  # the conditions are its state
+    "NvidiaFabricManagerDown",
     "GpuLost",
     "GpuwatchDown",
     "GpuwatchStateDirNotWritable",

@@ -52,6 +52,7 @@ NO_GPU_VERDICT = {
     "GpuwatchStateDirNotWritable",
     "GpuProbeRegressionFleetwide",
     "NvswitchSxidErrors",
+    "NvidiaFabricManagerDown",  # the node's daemon; its GPUs' own fabric state says the rest
     "GpuAllocatedButIdle",  # opt-in: a workload's use of a healthy GPU
 }
 VERDICT_ALERTS = {"GpuActionRequired": "unhealthy", "GpuActionRecommended": "degraded"}

@@ -49,6 +49,17 @@ def test_addresses_are_sorted_and_per_vendor(h100_node: Path) -> None:
     assert "0000:05:00.0" not in addresses["nvidia"]  # NVSwitch
 
 
+def test_nvswitches_are_the_nvidia_bridges(h100_node: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An HGX H100 baseboard's four NVSwitches: `lspci -nn` shows each as "Bridge [0680]: NVIDIA Corporation GH100
+    [H100 NVSwitch] [10de:22a3]" (pci.ids); the GPUs, the BMC's VGA, the NIC and other vendors' bridges are not."""
+    assert pci.count_nvswitches(h100_node) == 4
+    pcie_node = tmp_path_factory.mktemp("pcie")
+    add_device(pcie_node, "0000:18:00.0", "0x10de", "0x030200")
+    add_device(pcie_node, "0000:00:01.0", "0x8086", "0x068000")  # an Intel bridge of class 0680: not a switch
+    assert pci.count_nvswitches(pcie_node) == 0
+    assert pci.count_nvswitches(tmp_path_factory.mktemp("empty") / "no-sysfs") == 0
+
+
 def test_mi300x_node_counts_processing_accelerators_not_audio(tmp_path: Path) -> None:
     # MI300X enumerates as a "processing accelerator" (class 0x1200); a Radeon's HDMI audio (0x0403) and the
     # AMD CPU's own functions (vendor 0x1022) are not GPUs.

@@ -53,6 +53,18 @@ class HostSource:
     required: bool = False  # a run where the source is not usable is a failure, not an empty success
 
 
+@dataclass(frozen=True, slots=True)
+class FabricSource:
+    """The node's NVLink fabric as the `fabric` collector reads it: NVSwitches on the PCI bus, the fabric manager."""
+
+    nvswitches: Callable[[], int]
+    manager_running: Callable[[], bool]
+
+
+def _no_fabric() -> FabricSource:
+    return FabricSource(lambda: 0, lambda: False)
+
+
 @dataclass(slots=True)
 class NodeSources:
     """What the agent reads on this node: the backends it needs and the PCI view that sets expectations."""
@@ -64,3 +76,4 @@ class NodeSources:
     probe_launcher: WorkerLauncher = field(default_factory=WorkerLauncher)  # the probe worker (probe/launch.py)
     procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root
     diag_launcher: DiagLauncher = field(default_factory=DiagLauncher)  # `gpuwatch diag`'s child (probe/diag_launch.py)
+    fabric: FabricSource = field(default_factory=_no_fabric)  # NVSwitches and the fabric manager (collectors/fabric.py)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from gpuwatch.collectors.fabric import Fabric
 from gpuwatch.core.model import GpuIdentity, GpuSample, StuckCall
 from gpuwatch.core.thresholds import threshold
 from gpuwatch.judge.verdict import LEVELS, Finding, ago, judge_gpu, judge_host, judge_unusable, judge_xids
@@ -315,6 +316,7 @@ def node_findings(snap: StoreSnapshot) -> list[Finding]:
         )
     out += [judge_unusable(gpu) for gpu in snap.unusable]
     out += judge_host(snap.host)
+    out += _fabric_manager(snap.parts.get("fabric"))
     for name, status in sorted(snap.collectors.items()):
         if name in snap.backends and not snap.backends[name][0]:
             continue  # GpuBackendDown's
@@ -328,6 +330,21 @@ def node_findings(snap: StoreSnapshot) -> list[Finding]:
                 )
             )
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def _fabric_manager(fabric: Fabric | None) -> list[Finding]:
+    """An NVSwitch node whose fabric manager is not running: its GPUs read, CUDA on them fails."""
+    if fabric is None or fabric.manager_running is not False:
+        return []
+    return [
+        Finding(
+            "bad",
+            "NvidiaFabricManagerDown",
+            f"nvidia-fabricmanager is not running on a node with {fabric.nvswitches} NVSwitch(es): CUDA work fails",
+            "systemctl restart nvidia-fabricmanager; its version must equal the driver's (journalctl -u "
+            "nvidia-fabricmanager, /var/log/fabricmanager.log)",
+        )
+    ]
 
 
 def gpu_health(snap: StoreSnapshot) -> tuple[bool, str]:

@@ -10,9 +10,9 @@ see. The child measures; this module judges (HBM mismatches, bandwidth against t
 against the GPU's peers and its probe baseline, thermal or power-brake throttling).
 
 Node-wide tests: the all-reduce (PyTorch with NCCL or RCCL and two GPUs or more), p2p copies, `dcgmi diag` where
-DCGM is installed and `rvs` where RVS is (gpuwatch/probe/diag_node.py); each is "skip" with its reason where it cannot run. It takes the probe's
-per-GPU locks (gpuwatch/probe/locks.py) so it never overlaps the agent's probe, and refuses a busy GPU (the probe's
-idle rule) unless forced.
+DCGM is installed and `rvs` where RVS is (gpuwatch/probe/diag_node.py); each is "skip" with its reason where it
+cannot run. It takes the probe's per-GPU locks (gpuwatch/probe/locks.py) so it never overlaps the agent's probe, and
+refuses a busy GPU (the probe's idle rule) unless forced.
 """
 
 from __future__ import annotations

@@ -78,3 +78,19 @@ def _read_hex(path: Path) -> int | None:
     except (OSError, ValueError) as exc:
         log.debug("cannot read %s: %s; skipping the device", path, exc)
         return None
+
+
+# NVSwitch chips on an HGX baseboard enumerate as NVIDIA "Bridge: other" functions (class 0x0680; pci.ids:
+# 10de 1af1 "GA100 [A100 NVSwitch]", 22a3 "GH100 [H100 NVSwitch]"); an NVIDIA bridge is an NVSwitch.
+NVSWITCH_CLASS_CODE = 0x0680
+
+
+def count_nvswitches(sysfs_root: Path = Path("/sys")) -> int:
+    """NVSwitches on this node's PCI bus (0 without any, or without sysfs): where there are, CUDA needs the fabric
+    manager. NVL72-style racks keep their switches in switch trays, off the compute node's bus."""
+    count = 0
+    for device in _pci_devices(sysfs_root):
+        class_id = _read_hex(device / "class")
+        if _read_hex(device / "vendor") == 0x10DE and class_id is not None and class_id >> 8 == NVSWITCH_CLASS_CODE:
+            count += 1
+    return count

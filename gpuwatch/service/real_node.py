@@ -13,10 +13,11 @@ from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.collectors.host import build_host_sources
-from gpuwatch.collectors.sources import BackendSlot, NodeSources
+from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources
 from gpuwatch.config.settings import Config
+from gpuwatch.readers.fabric_manager import process_running
 from gpuwatch.readers.kmsg import KernelLogXidReader
-from gpuwatch.readers.pci import count_pci_gpus
+from gpuwatch.readers.pci import count_nvswitches, count_pci_gpus
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ def build_real_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> No
     if not slots:
         log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
     kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
-    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config))
+    fabric = FabricSource(lambda: count_nvswitches(sysfs_root), process_running)
+    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config), fabric=fabric)
 
 
 def _nvml_factory() -> Backend:

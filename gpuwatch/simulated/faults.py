@@ -96,6 +96,7 @@ class FaultInjector:
         self._library_missing: bool | None = None  # None: as the scenario says
         self._nvlink_down: set[tuple[int, int]] = set()
         self._fabric_degraded: dict[int, bool] = {}  # gpu -> its fabric's bandwidth degraded (None: the scenario's)
+        self.fabric_manager_running = True  # nv-fabricmanager, on a node with NVSwitches
         self._nvlink_errors: dict[tuple[int, int, int], int | None] = {}  # (gpu, link, counter) -> count
         self._sram_threshold_exceeded: set[int] = set()  # GPUs whose SRAM ECC errors passed the driver's threshold
         self._field_rules: list[FieldRule] = []
@@ -230,6 +231,12 @@ class FaultInjector:
             self._fabric_degraded[index] = degraded
         self._on_change()
 
+    def stop_fabric_manager(self, stopped: bool = True) -> None:
+        """nv-fabricmanager exits (or starts again): the GPUs stay readable, CUDA on them fails."""
+        with self._lock:
+            self.fabric_manager_running = not stopped
+        self._on_change()
+
     def fabric_degraded_override(self, index: int) -> bool | None:
         """True/False when a test decided, None to let the scenario decide."""
         with self._lock:
@@ -318,6 +325,7 @@ class FaultInjector:
             self._library_missing = None
             self._nvlink_down.clear()
             self._fabric_degraded.clear()
+            self.fabric_manager_running = True
             self._nvlink_errors.clear()
             self._field_rules.clear()
             self._held_reasons.clear()

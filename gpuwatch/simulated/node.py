@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuwatch.backends.base import Backend
-from gpuwatch.collectors.sources import BackendSlot, NodeSources
+from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.readers.kmsg import KernelLogXidReader
 from gpuwatch.readers.procfs import Procfs
@@ -66,7 +66,10 @@ def simulated_sources(
     )
     procfs = simulated_procfs(node, sim.boot)
     diag = simulated_diag_launcher(node)
-    return NodeSources([slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs, diag_launcher=diag)
+    fabric = FabricSource(node.nvswitch_count, node.fabric_manager_running)
+    return NodeSources(
+        [slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs, diag_launcher=diag, fabric=fabric
+    )
 
 
 def simulated_procfs(node: SimulatedNode, boot: int = 0) -> Procfs:

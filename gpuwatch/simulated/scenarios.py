@@ -39,6 +39,7 @@ __all__ = ["NODE_ONLY_SCENARIOS", "GpuSpec", "GpuState", "SimEvent", "SimulatedN
 # nvml_hang: the call that hangs, as the simulated libraries name it: each poll's temperature read, on either vendor.
 # Scenarios about an NVSwitch system's fabric: their node has NVLinks (an HGX baseboard) whatever `nvlink` says.
 FABRIC_SCENARIOS = frozenset({"fabric_degraded"})
+HGX_NVSWITCHES = 4
 HANG_CALLS = {"nvidia": "nvmlDeviceGetTemperature*", "amd": "amdsmi_get_temp_metric"}
 
 
@@ -251,6 +252,15 @@ class SimulatedNode:
 
     def plan(self, index: int) -> GpuPlan:
         return self._plans[index]
+
+    def nvswitch_count(self) -> int:
+        """NVSwitches on the PCI bus: an HGX baseboard's four (H100/H200: third-generation NVSwitch) where the GPUs
+        are NVLinked through switches, none elsewhere."""
+        return HGX_NVSWITCHES if self.vendor == "nvidia" and self.nvlink else 0
+
+    def fabric_manager_running(self) -> bool:
+        """nv-fabricmanager runs on an NVSwitch node unless a test stopped it (faults.stop_fabric_manager)."""
+        return self.nvswitch_count() > 0 and self.faults.fabric_manager_running
 
     def fabric_degraded(self, index: int) -> bool:
         """GPU `index`'s NVLink fabric runs with less bandwidth than it should (scenario fabric_degraded), or a test
