@@ -33,6 +33,7 @@ REGISTRY: tuple[Registration, ...] = (
     Registration("probe_results", "gpuwatch.collectors.probe_results"),
     Registration("diag_results", "gpuwatch.collectors.diag_results"),
     Registration("fabric", "gpuwatch.collectors.fabric"),
+    Registration("network", "gpuwatch.collectors.network"),
 )
 
 COLLECTORS: tuple[str, ...] = tuple(registration.name for registration in REGISTRY)

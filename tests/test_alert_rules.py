@@ -90,6 +90,7 @@ STATE_ALERTS = {
     "GpuFabricNotRegistered",
     "GpuFabricDegraded",  # the conditions are its state
     "NvidiaFabricManagerDown",
+    "HostNetworkPortDown",
     "GpuLost",
     "GpuwatchDown",
     "GpuwatchStateDirNotWritable",

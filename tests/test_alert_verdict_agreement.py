@@ -53,6 +53,10 @@ NO_GPU_VERDICT = {
     "GpuProbeRegressionFleetwide",
     "NvswitchSxidErrors",
     "NvidiaFabricManagerDown",  # the node's daemon; its GPUs' own fabric state says the rest
+    "HostNetworkPortDown",  # the node's NICs: node findings (/health/gpus 503), no one GPU's verdict
+    "HostNetworkPortRateLow",
+    "HostNetworkPortFlapping",
+    "HostNetworkPortErrors",
     "GpuAllocatedButIdle",  # opt-in: a workload's use of a healthy GPU
 }
 VERDICT_ALERTS = {"GpuActionRequired": "unhealthy", "GpuActionRecommended": "degraded"}

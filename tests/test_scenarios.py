@@ -64,6 +64,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "nvml_hang",  # issue 30: a vendor call that never returns
         "corrupt",  # issue 33: a GPU whose matmul results are wrong
         "fabric_degraded",  # issue 34: an NVSwitch node whose GPU's fabric runs degraded
+        "ib_port_down", "ib_flapping",  # issue 34: the NIC beside GPU 2 loses its link, or keeps losing it
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 

@@ -92,6 +92,11 @@ EXPECTED: dict[str, list[tuple[int | str, str, str]]] = {
     "underperforming": [(2, "% of its baseline", "GpuUnderperforming")],
     "corrupt": [(2, "probe(s) computed a wrong result", "GpuComputeErrors")],
     "fabric_degraded": [(2, "NVLink fabric health: degraded bandwidth, limited capacity", "GpuFabricDegraded")],
+    "ib_port_down": [("node", "network port mlx5_2/1 (beside GPU 2) is down", "HostNetworkPortDown")],
+    "ib_flapping": [
+        ("node", "network port mlx5_2/1 (beside GPU 2) went down", "HostNetworkPortFlapping"),
+        ("node", "network port mlx5_2/1 (beside GPU 2) counted", "HostNetworkPortErrors"),
+    ],
     "pcie_degraded": [(2, "PCIe link downtrained: gen 3 x8 of gen 5 x16", "GpuPcieLinkDegraded")],
     "xid": [(2, "XID 79 (GPU has fallen off the bus)", "GpuXidCritical")],
     "ecc_uncorrectable": [(2, "uncorrectable ECC errors", "GpuEccUncorrectable")],

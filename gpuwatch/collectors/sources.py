@@ -10,6 +10,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from gpuwatch.backends.base import Backend
@@ -61,6 +62,15 @@ class FabricSource:
     manager_running: Callable[[], bool]
 
 
+@dataclass(frozen=True, slots=True)
+class RdmaSource:
+    """Where the `network` collector reads /sys/class/infiniband: the config's host.sysfs_root (root None), or a
+    tree a simulated node renders before each read (refresh)."""
+
+    root: Path | None = None
+    refresh: Callable[[], None] = lambda: None
+
+
 def _no_fabric() -> FabricSource:
     return FabricSource(lambda: 0, lambda: False)
 
@@ -77,3 +87,4 @@ class NodeSources:
     procfs: Procfs | None = None  # where GPU processes are looked up; None: the config's workloads.procfs_root
     diag_launcher: DiagLauncher = field(default_factory=DiagLauncher)  # `gpuwatch diag`'s child (probe/diag_launch.py)
     fabric: FabricSource = field(default_factory=_no_fabric)  # NVSwitches and the fabric manager (collectors/fabric.py)
+    rdma: RdmaSource = field(default_factory=RdmaSource)  # InfiniBand and RoCE ports (collectors/network.py)

@@ -62,6 +62,16 @@ SCENARIOS: dict[str, ScenarioInfo] = {
             "an NVSwitch (HGX) node: the GPU's NVLink fabric reports degraded bandwidth and limited capacity "
             "(nvmlGpuFabricInfo_v3 health mask and summary) from the start; its links stay up",
         ),
+        _single(
+            "ib_port_down",
+            "an HGX node with a ConnectX-7 InfiniBand NIC per GPU: the NIC beside the GPU loses its link at 1 s "
+            "(port DOWN, physical state Polling) and stays down",
+        ),
+        _single(
+            "ib_flapping",
+            "an HGX node with a ConnectX-7 InfiniBand NIC per GPU: the NIC beside the GPU drops its link for 2 s "
+            "every 20 s from 1 s on (link_downed and link_error_recovery grow, symbol errors with each retraining)",
+        ),
         _single("power_brake", "the hardware power brake holds the clocks down (hw_power_brake) from 1 s"),
         _single("power_limit_low", "enforced power limit 450 W, below the 700 W default, under load"),
         ScenarioInfo(

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from gpuwatch.collectors.fabric import Fabric
+from gpuwatch.collectors.network import NetworkPorts
 from gpuwatch.core.model import GpuIdentity, GpuSample, StuckCall
 from gpuwatch.core.thresholds import threshold
 from gpuwatch.judge.verdict import LEVELS, Finding, ago, judge_gpu, judge_host, judge_unusable, judge_xids
@@ -317,6 +318,7 @@ def node_findings(snap: StoreSnapshot) -> list[Finding]:
     out += [judge_unusable(gpu) for gpu in snap.unusable]
     out += judge_host(snap.host)
     out += _fabric_manager(snap.parts.get("fabric"))
+    out += _network_ports(snap.parts.get("network") or ())
     for name, status in sorted(snap.collectors.items()):
         if name in snap.backends and not snap.backends[name][0]:
             continue  # GpuBackendDown's
@@ -345,6 +347,56 @@ def _fabric_manager(fabric: Fabric | None) -> list[Finding]:
             "nvidia-fabricmanager, /var/log/fabricmanager.log)",
         )
     ]
+
+
+def _network_ports(ports: NetworkPorts) -> list[Finding]:
+    """RDMA ports down after having been up, below their expected rate, flapping, or counting errors: a job's rail,
+    judged as the rules judge it (the collector keeps the last 15 minutes of each port's counters)."""
+    out: list[Finding] = []
+    for view in ports:
+        port = view.reading
+        beside = f" (beside GPU {view.gpu})" if view.gpu else ""
+        if view.down:
+            out.append(
+                Finding(
+                    "bad",
+                    "HostNetworkPortDown",
+                    f"network port {port.device}/{port.port}{beside} is down (state {port.state}, physical state "
+                    f"{port.phys_state}) after having been up",
+                    "check the cable, transceiver and switch port; ibstat, mlxlink -d <device> -m",
+                )
+            )
+        elif view.slow and view.expected_rate_bits_per_second and port.rate_bits_per_second:
+            out.append(
+                Finding(
+                    "warn",
+                    "HostNetworkPortRateLow",
+                    f"network port {port.device}/{port.port}{beside} runs at "
+                    f"{port.rate_bits_per_second / 1e9:g} Gb/s of {view.expected_rate_bits_per_second / 1e9:g}",
+                    "reseat or replace the cable or transceiver; check the switch port's speed",
+                )
+            )
+        if view.flapping:
+            out.append(
+                Finding(
+                    "warn",
+                    "HostNetworkPortFlapping",
+                    f"network port {port.device}/{port.port}{beside} went down {view.flaps} times in 15 minutes",
+                    "replace the cable or transceiver; mlxlink -d <device> -m -c for its errors",
+                )
+            )
+        erring = view.erring
+        if erring:
+            counts = ", ".join(f"{grown} {kind}" for kind, grown in sorted(erring.items()))
+            out.append(
+                Finding(
+                    "warn",
+                    "HostNetworkPortErrors",
+                    f"network port {port.device}/{port.port}{beside} counted {counts} in 10 minutes",
+                    "read the link's bit error rate (mlxlink -d <device> -m -c); replace the cable or transceiver",
+                )
+            )
+    return out
 
 
 def gpu_health(snap: StoreSnapshot) -> tuple[bool, str]:

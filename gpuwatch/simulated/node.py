@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuwatch.backends.base import Backend
-from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources
+from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources, RdmaSource
 from gpuwatch.config.settings import Config
 from gpuwatch.readers.kmsg import KernelLogXidReader
 from gpuwatch.readers.procfs import Procfs
@@ -67,8 +67,22 @@ def simulated_sources(
     procfs = simulated_procfs(node, sim.boot)
     diag = simulated_diag_launcher(node)
     fabric = FabricSource(node.nvswitch_count, node.fabric_manager_running)
+    rdma = RdmaSource()
+    if node.nvlink and host:  # an HGX node: a NIC per GPU (gpuwatch/simulated/rdma_ports.py)
+        from gpuwatch.simulated.rdma_ports import SimulatedRdma
+
+        nics = SimulatedRdma(node)
+        rdma = RdmaSource(nics.root, nics.refresh)
     return NodeSources(
-        [slot], node.pci_gpu_counts, kernel_log, sensors, launcher, procfs, diag_launcher=diag, fabric=fabric
+        [slot],
+        node.pci_gpu_counts,
+        kernel_log,
+        sensors,
+        launcher,
+        procfs,
+        diag_launcher=diag,
+        fabric=fabric,
+        rdma=rdma,
     )
 
 

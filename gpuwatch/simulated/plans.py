@@ -59,6 +59,8 @@ def plans_for(scenario: str, gpus: int) -> list[GpuPlan]:
         put(fault_gpu, work="idle_allocated")
     elif scenario == "fabric_degraded":
         put(fault_gpu, fault=scenario, onset_s=0.0)  # the slow tier reads the fabric: present at the first poll
+    elif scenario in ("ib_port_down", "ib_flapping"):
+        put(fault_gpu, fault=scenario)  # the NIC beside it (gpuwatch/simulated/rdma_ports.py)
     elif scenario == "gpu_lost":
         put(fault_gpu, fault=scenario, lost_after_s=6.0)
     elif scenario == "nvml_hang":

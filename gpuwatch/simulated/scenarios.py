@@ -37,8 +37,9 @@ __all__ = ["NODE_ONLY_SCENARIOS", "GpuSpec", "GpuState", "SimEvent", "SimulatedN
 
 
 # nvml_hang: the call that hangs, as the simulated libraries name it: each poll's temperature read, on either vendor.
-# Scenarios about an NVSwitch system's fabric: their node has NVLinks (an HGX baseboard) whatever `nvlink` says.
-FABRIC_SCENARIOS = frozenset({"fabric_degraded"})
+# Scenarios about an HGX node's fabric or network: their node has NVLinks, NVSwitches and a NIC per GPU (an HGX
+# baseboard) whatever `nvlink` says.
+HGX_SCENARIOS = frozenset({"fabric_degraded", "ib_port_down", "ib_flapping"})
 HGX_NVSWITCHES = 4
 HANG_CALLS = {"nvidia": "nvmlDeviceGetTemperature*", "amd": "amdsmi_get_temp_metric"}
 
@@ -199,7 +200,7 @@ class SimulatedNode:
         self.gpu_count = gpus
         self.seed = seed
         # An NVSwitch fabric's scenario needs one: its GPUs get their NVLinks and register with the fabric.
-        self.nvlink = nvlink or scenario in FABRIC_SCENARIOS
+        self.nvlink = nvlink or scenario in HGX_SCENARIOS
         self._clock = clock
         self._start = clock()
         self._wall_start = wall_clock()

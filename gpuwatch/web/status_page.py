@@ -270,6 +270,43 @@ def _host_section(snap: StoreSnapshot) -> str:
     )
 
 
+def _network_section(snap: StoreSnapshot) -> str:
+    """The RDMA ports (collectors/network.py): state, rate against the expected, flaps and errors; nothing on a node
+    without any."""
+    ports = snap.parts.get("network") or ()
+    if not ports:
+        return ""
+    rows = []
+    for view in ports:
+        port = view.reading
+        if view.down:
+            state, row = '<span class="flag bad">down</span>', "row-bad"
+        elif not port.up:
+            state, row = '<span class="flag">not up</span>', ""
+        elif view.slow:
+            state, row = '<span class="flag warn">below its rate</span>', "row-warn"
+        elif view.flapping:
+            state, row = f'<span class="flag warn">flapping: down {view.flaps}× in 15 min</span>', "row-warn"
+        elif view.erring:
+            state, row = '<span class="flag warn">errors growing</span>', "row-warn"
+        else:
+            state, row = '<span class="flag ok">up</span>', ""
+        rate = "" if port.rate_bits_per_second is None or not port.up else f"{port.rate_bits_per_second / 1e9:g}"
+        expected = view.expected_rate_bits_per_second
+        rate += "" if expected is None else f" <small>/ {expected / 1e9:g} Gb/s</small>"
+        errors = sum(port.errors.values())
+        layer = port.link_layer + (f" {port.netdev}" if port.netdev else "")
+        rows.append(
+            f'<tr class="{row}"><td class="l">{html.escape(port.device)}/{html.escape(port.port)} '
+            f"<small>{html.escape(layer)}</small></td><td>{html.escape(view.gpu) or '—'}</td><td>{rate}</td>"
+            f'<td>{_num(port.link_downed)}</td><td>{errors}</td><td class="l">{state}</td></tr>'
+        )
+    return (
+        '<h2>Network</h2><table id="network"><tr><th class="l">port</th><th>GPU</th><th>rate / expected</th>'
+        f'<th>link downed</th><th>errors</th><th class="l">state</th></tr>{"".join(rows)}</table>'
+    )
+
+
 def _probe_line(snap: StoreSnapshot) -> str:
     probe = snap.probe
     if not probe.enabled:
@@ -356,6 +393,7 @@ def render_status_page(snap: StoreSnapshot) -> str:
 <h2>GPUs</h2>
 {table}
 {_host_section(snap)}
+{_network_section(snap)}
 <p id="probe">{html.escape(_probe_line(snap))}</p>
 <p><small>Each finding is the condition of the alert it links, with the rules' thresholds: overheating at the GPU's own
 slowdown threshold, runs hot within {HOT_MARGIN_CELSIUS:.0f} °C of it · power-capped: enforced limit below
