@@ -399,6 +399,67 @@ def node_detail() -> dict[str, Any]:
         "celsius",
         [Q(f"gpuwatch_host_temperature_celsius{{{HOST_SEL}}}", "{{chip}} {{sensor}}")],
     )
+    b.row("Network and NVLink fabric")
+    b.state_timeline(
+        "RDMA ports",
+        "Each InfiniBand or RoCE port (device/port, the GPU beside it): up, or down (HostNetworkPortDown once it was "
+        "up).",
+        [Q(f"max by (device, port, gpu) (gpuwatch_network_port_up{{{HOST_SEL}}})", "{{device}}/{{port}} GPU {{gpu}}")],
+        [
+            dm.ValueMap(
+                options={
+                    "0": dm.ValueMappingResult(text="down", color="red", index=0),
+                    "1": dm.ValueMappingResult(text="up", color="green", index=1),
+                }
+            )
+        ],
+        w=12,
+        h=8,
+    )
+    b.timeseries(
+        "RDMA port rate against expected",
+        "Each port's rate over the rate it should run at (network.expected_rate_gbps, else the best of the node's "
+        "ports of its link layer); below 100 % a link trained at fewer lanes or a lower speed.",
+        "percentunit",
+        [
+            Q(
+                f"gpuwatch_network_port_rate_bits_per_second{{{HOST_SEL}}} / "
+                f"gpuwatch_network_port_expected_rate_bits_per_second{{{HOST_SEL}}}",
+                "{{device}}/{{port}}",
+            )
+        ],
+        min_val=0,
+    )
+    b.timeseries(
+        "RDMA link drops and errors",
+        "Per interval: link drops (link_downed; two in 15 minutes is HostNetworkPortFlapping) and each error counter "
+        "that grew (HostNetworkPortErrors: any link integrity or receive error, symbol errors past 100 in 10 minutes).",
+        "short",
+        [
+            Q(
+                f"sum by (device, port) (increase(gpuwatch_network_port_link_downed_total{{{HOST_SEL}}}"
+                "[$__rate_interval]))",
+                "{{device}}/{{port}} link downed",
+            ),
+            Q(
+                f"sum by (device, port, type) (increase(gpuwatch_network_port_errors_total{{{HOST_SEL}}}"
+                "[$__rate_interval])) > 0",
+                "{{device}}/{{port}} {{type}}",
+            ),
+        ],
+    )
+    b.timeseries(
+        "NVLink fabric health",
+        "NVSwitch systems: each fabric health condition that holds on a GPU (degraded bandwidth, route recovery, "
+        "incorrect configuration, the summary's limited capacity…; GpuFabricDegraded), and whether the fabric "
+        "manager runs (NvidiaFabricManagerDown).",
+        "short",
+        [
+            Q(f"gpuwatch_gpu_fabric_health{{{s}}} == 1", "GPU {{gpu}} {{condition}}"),
+            Q(f"max(gpuwatch_host_fabric_manager_running{{{HOST_SEL}}})", "fabric manager running"),
+        ],
+        min_val=0,
+    )
     variables = [
         ds_variable(),
         query_variable("node", "Node", "label_values(gpuwatch_gpu_info, node)", multi=False, include_all=False),

@@ -8,9 +8,9 @@ on the CPU's root complex, beside no GPU. The files are the kernel's: ``state`` 
 sysfs-class-infiniband; drivers/infiniband/core/sysfs.c), ``class/infiniband/mlx5_N`` a link into the device's
 PCI path, and ``bus/pci/devices/<address>`` a link to each GPU's and NIC's function.
 
-`ib_port_down`: the NIC beside GPU 2 loses its link at 1 s (cable or transceiver: "1: DOWN", "2: Polling"),
-link_downed counting it. `ib_flapping`: that NIC's link goes down and comes back every 20 s, link_downed and
-link_error_recovery counting each flap and symbol errors each retraining.
+`ib_port_down`: the NIC beside the faulted GPU (GPU 2; any GPU given the scenario's fault) loses its link at 1 s (cable
+or transceiver: "1: DOWN", "2: Polling"), link_downed counting it. `ib_flapping`: that NIC's link goes down and comes
+back every 20 s, link_downed and link_error_recovery counting each flap and symbol errors each retraining.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import tempfile
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from gpuwatch.core.scenario_catalogue import FAULT_GPU
 
 if TYPE_CHECKING:
     from gpuwatch.simulated.scenarios import SimulatedNode
@@ -60,10 +58,6 @@ class SimulatedRdma:
         self._written: dict[Path, str] = {}  # what each file holds: a refresh rewrites only what changed
         self._build()
         self.refresh()
-
-    @property
-    def faulted_nic(self) -> str:
-        return f"mlx5_{min(FAULT_GPU, self.node.gpu_count - 1)}"
 
     def _build(self) -> None:
         for index in range(self.node.gpu_count):
@@ -106,10 +100,12 @@ class SimulatedRdma:
         elapsed = self.node.elapsed()
         for name, port in self._ports.items():
             up, downed, recoveries, symbols = True, 0, 0, 0
-            if name == self.faulted_nic and elapsed >= ONSET_S:
-                if self.node.scenario == "ib_port_down":
+            beside = int(name.removeprefix("mlx5_"))
+            fault = self.node.plan(beside).fault if beside < self.node.gpu_count else None
+            if elapsed >= ONSET_S:
+                if fault == "ib_port_down":
                     up, downed = False, 1
-                elif self.node.scenario == "ib_flapping":
+                elif fault == "ib_flapping":
                     since = elapsed - ONSET_S
                     flaps = int(since // FLAP_PERIOD_S) + 1
                     up = since % FLAP_PERIOD_S >= FLAP_DOWN_S

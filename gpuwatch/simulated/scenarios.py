@@ -200,7 +200,7 @@ class SimulatedNode:
         self.gpu_count = gpus
         self.seed = seed
         # An NVSwitch fabric's scenario needs one: its GPUs get their NVLinks and register with the fabric.
-        self.nvlink = nvlink or scenario in HGX_SCENARIOS
+        self.nvlink = nvlink or bool({scenario, *(gpu_scenarios or {}).values()} & HGX_SCENARIOS)
         self._clock = clock
         self._start = clock()
         self._wall_start = wall_clock()
