@@ -53,6 +53,14 @@ def test_golden_output_passes_promtool(promtool: str) -> None:
     assert result.stdout.strip() == "" and result.stderr.strip() == ""
 
 
+# promtool's lint asks for bytes, but a network link's rate is said in bits everywhere (a 400 Gb/s port), and issue #34
+# names these two metrics so: the one lint allowed, word for word.
+NAMED_BY_THE_ISSUE = {
+    f'gpuwatch_network_port_{name}_bits_per_second use base unit "bytes" instead of "bits"'
+    for name in ("rate", "expected_rate")
+}
+
+
 @pytest.mark.parametrize("scenario", IN_THREAD_SCENARIOS)
 def test_every_exported_series_holds_to_the_spec(tmp_path: Path, scenario: str, promtool: str) -> None:
     sim = SimAgent(tmp_path, scenario=scenario)
@@ -71,4 +79,5 @@ def test_every_exported_series_holds_to_the_spec(tmp_path: Path, scenario: str, 
             assert tuple(sorted(s.labels)) == tuple(sorted(labels)), (s.name, s.labels)
             assert s.value == s.value, f"NaN in {s.name}"  # never NaN for "not available"
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if line not in NAMED_BY_THE_ISSUE]
+    assert result.returncode == 0 or not problems, "\n".join(problems)
