@@ -9,6 +9,8 @@
 #   bash benchmarks/hardware/device-run.sh check   # ~3.5 min: the probe's checked result (issue #33): compute errors
 #                                                  #   over N probes, a corrupted result caught, false alarms
 #   bash benchmarks/hardware/device-run.sh diag    # ~2 min: gpuwatch diag --level 1 on every GPU, level 2 on GPU 0
+#   bash benchmarks/hardware/device-run.sh fabric  # ~10 s: NVLink fabric info (v3, v2) raw and as gpuwatch reads it,
+#                                                  #   NVSwitches, the fabric manager, RDMA ports, MIG (issue #34)
 #   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
@@ -19,9 +21,9 @@ set -uo pipefail
 [ $# -gt 0 ] || set -- usage
 for part in "$@"; do
   case "$part" in
-    nvml | probe | cost | check | diag) ;;
+    nvml | probe | cost | check | diag | fabric) ;;
     *)
-      echo "usage: $0 nvml|probe|cost|check|diag..." >&2
+      echo "usage: $0 nvml|probe|cost|check|diag|fabric..." >&2
       exit 2
       ;;
   esac
@@ -182,6 +184,14 @@ for part in "${parts[@]}"; do
     run "checked probe" 420 "$PY" $HERE/probe_check.py --out "$RAW/probe_check.json" --markdown "$SCRATCH/check.md" \
       "${CHECK_FLAGS[@]}" ${PROBE_CHECK_ARGS:-}
     cat "$SCRATCH/check.md" >>"$SUMMARY" 2>/dev/null
+  elif [ "$part" = fabric ]; then
+    say "# gpuwatch hardware checks, part fabric ($(date -u +%FT%TZ))"
+    # Issue #36's "the fabric reads, NotSupported where the vendor says so" and "MIG only as reported disabled".
+    FABRIC_FLAGS=()
+    [ "${DRY_RUN:-0}" = 1 ] && FABRIC_FLAGS=(--dry-run)
+    run "fabric reads" 60 "$PY" $HERE/fabric_reads.py --out "$RAW/fabric_reads.json" --markdown "$SCRATCH/fabric.md" \
+      "${FABRIC_FLAGS[@]}"
+    cat "$SCRATCH/fabric.md" >>"$SUMMARY" 2>/dev/null
   elif [ "$part" = probe ]; then
     say "# gpuwatch hardware checks, part probe ($(date -u +%FT%TZ))"
     rm -rf "$STATE"
