@@ -75,11 +75,13 @@ def test_healthy_node_has_rails_over_their_limits_supplies_up_temperatures_and_f
 
 
 def test_disabled_host_collectors_export_nothing(tmp_path: Path) -> None:
-    sim = SimAgent(tmp_path, scenario="healthy", disable_collectors=["hwmon", "ipmi"])
+    # fabric too: the NVSwitches and the fabric manager are the host's (gpuwatch_host_nvswitches)
+    sim = SimAgent(tmp_path, scenario="healthy", disable_collectors=["hwmon", "ipmi", "fabric"])
     try:
         sim.run(3.0)
         assert not any(name.startswith("gpuwatch_host_") for name, _ in sim.samples())
         assert sim.value("gpuwatch_collector_success", collector="hwmon") is None
+        assert sim.value("gpuwatch_collector_success", collector="fabric") is None
     finally:
         sim.close()
 

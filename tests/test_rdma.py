@@ -101,6 +101,7 @@ def test_each_nic_is_labelled_with_the_gpu_under_its_pcie_switch(node: Path) -> 
     assert gpus["0"][:3] == ("pci0000:15", "0000:15:01.0", "0000:16:00.0")
     assert nearest_gpu(ib.pci_path, gpus) == "0"
     assert nearest_gpu(roce.pci_path, gpus) == ""  # only the CPU between them
+    assert pci_path_of("GPU-not-an-address", node) == () and pci_path_of("0000:77:00.0", node) == ()
 
 
 @pytest.mark.parametrize(

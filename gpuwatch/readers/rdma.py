@@ -13,7 +13,7 @@ The legacy error counters are narrow (symbol_error and port_rcv_errors 16 bits, 
 link_error_recovery 8, local_link_integrity_errors and excessive_buffer_overrun_errors 4: sysfs.c's PORT_PMA_ATTR
 widths) and saturate rather than wrap: a counter at its maximum is reported as saturated, because it no longer
 counts. A driver reload starts every counter again from 0, which Prometheus reads as a counter reset. A file that
-is missing, unreadable or not a number is left out of that port's reading (logged once per kind), never the port.
+is missing, unreadable or not a number is left out of that port's reading (logged at debug), never the port.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def read_ports(sysfs_root: Path = Path("/sys")) -> list[RdmaPort]:
         except OSError as exc:
             log.debug("cannot list the ports of %s: %s", device, exc)
             continue
-        pci_path = _pci_path(device / "device", sysfs_root)
+        pci_path = _pci_path(device / "device")
         for port_dir in numbers:
             ports.append(_read_port(device.name, port_dir, pci_path))
     return ports
@@ -158,7 +158,7 @@ def _netdev(port_dir: Path) -> str:
     return (_text(port_dir / "gid_attrs" / "ndevs" / "0") or "").strip()
 
 
-def _pci_path(device_link: Path, sysfs_root: Path) -> tuple[str, ...]:
+def _pci_path(device_link: Path) -> tuple[str, ...]:
     """The PCI functions from the root complex down to the device (``pci0000:15``, ``0000:15:01.0``, …)."""
     try:
         resolved = device_link.resolve(strict=True)
@@ -174,8 +174,11 @@ def _pci_path(device_link: Path, sysfs_root: Path) -> tuple[str, ...]:
 def pci_path_of(address: str, sysfs_root: Path = Path("/sys")) -> tuple[str, ...]:
     """The PCI path of a function by its address (``0000:18:00.0``; NVML's ``00000000:18:00.0`` too)."""
     domain, _, rest = address.strip().lower().partition(":")
-    normal = f"{int(domain, 16):04x}:{rest}" if rest else address.lower()
-    return _pci_path(sysfs_root / "bus" / "pci" / "devices" / normal, sysfs_root)
+    try:
+        normal = f"{int(domain, 16):04x}:{rest}" if rest else address.lower()
+    except ValueError:  # not a PCI address: no path, so no NIC is beside it
+        return ()
+    return _pci_path(sysfs_root / "bus" / "pci" / "devices" / normal)
 
 
 def nearest_gpu(nic: tuple[str, ...], gpus: dict[str, tuple[str, ...]]) -> str:
