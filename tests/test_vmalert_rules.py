@@ -6,6 +6,7 @@ does. The fleet end to end is tests/test_victoriametrics_e2e.py."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -47,6 +48,9 @@ COUNTER_ALERTS = {
     "GpuReset": ("gpuwatch_gpu_reset_events_total", ""),
     "GpuComputeErrors": ("gpuwatch_probe_compute_errors_total", ""),
 }
+# Counter alerts whose threshold is not "> 0", or that join two of them: every increase(x[w]) in them has its
+# `rate(x[w]) > 0` beside it.
+THRESHOLD_COUNTER_ALERTS = {"HostNetworkPortFlapping", "HostNetworkPortErrors"}
 # GpuProbeFailing compares floor(increase over 6 h) with a threshold: the probe counters exist from the agent's start,
 # so no new series is counted from 0 there; the others alert on "> 0", where that would fire at a node's first scrapes.
 INCREASE_UNGUARDED = {"GpuProbeFailing"}
@@ -59,7 +63,11 @@ def test_every_increase_alert_is_guarded_by_rate() -> None:
     alerts = yaml.safe_load((PROM_DIR / "gpuwatch-alerts.yml").read_text())
     by_name = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
     with_increase = {name for name, expr in by_name.items() if "increase(" in expr}
-    assert with_increase - INCREASE_UNGUARDED == set(COUNTER_ALERTS)
+    assert with_increase - INCREASE_UNGUARDED == set(COUNTER_ALERTS) | THRESHOLD_COUNTER_ALERTS
+    for name in THRESHOLD_COUNTER_ALERTS:
+        expr = " ".join(by_name[name].split())
+        for argument in re.findall(r"increase\((.*?\[\w+\])\)", expr):
+            assert f"and rate({argument}) > 0" in expr, (name, argument)
     for name in COUNTER_ALERTS:
         expr = " ".join(by_name[name].split())
         increase, _, guard = expr.partition(" and ")

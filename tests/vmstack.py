@@ -39,7 +39,14 @@ GPUS = 8  # the dashboard test's mixed node needs GPUs 2, 5 and 6
 ALERT_NODES = 6  # nodes 0-5: test_alerts_e2e's fleet and faults, unchanged
 # tests/test_dashboards_prometheus.py's faults, moved to nodes 6, 7 and 8 (8 busy: its GPUs hold workloads; its GPU 4
 # starved of input: the real-utilization panels)
-DASHBOARD_FAULTS = ["6=mixed", "7/3=xid", "8=busy", "8/4=dataloader_starved"]
+DASHBOARD_FAULTS = [
+    "6=mixed",
+    "7/3=xid",
+    "7/5=ib_flapping",  # node 7 an HGX node: the network and fabric panels (as the dashboard test's node-001)
+    "7/6=fabric_degraded",
+    "8=busy",
+    "8/4=dataloader_starved",
+]
 NODES = 12  # 9-11 healthy
 SHARDS = 2  # deploy/victoriametrics/vmagent.env's -promscrape.cluster.membersCount
 VM_DEPLOY = ROOT / "deploy" / "victoriametrics"
