@@ -124,7 +124,7 @@ class PortView:
 
     @property
     def down(self) -> bool:
-        """Down after having been up since the agent started."""
+        """Down after having been up: seen up by the agent, or its link_downed above 0."""
         return self.was_up and not self.reading.up
 
     @property
@@ -215,6 +215,8 @@ class NetworkCollector:
                     growth,
                 )
             )
+        for gone in set(self._history) - {(p.device, p.port) for p in ports}:  # a NIC removed or renamed
+            del self._history[gone]
         return tuple(views)
 
     def _remember(self, port: RdmaPort, now: float) -> tuple[int, dict[str, int]]:
