@@ -198,3 +198,27 @@ def test_a_reload_changes_the_store_under_its_lock() -> None:
     assert (snap.poll_interval_seconds, snap.configured_power_limit_watts) == (5.0, 650.0)
     with pytest.raises(AttributeError):
         store.poll_interval_seconds = 2.0  # type: ignore[misc]  # read-only: configure() is the one way in
+
+
+def test_gpus_a_hung_call_froze_are_not_lost_until_the_next_poll_could_read_them() -> None:
+    """A poll hung in a vendor call reads no GPU; once the call returns, the GPUs it froze stay "frozen", not lost,
+    for STALE_AFTER_POLLS poll intervals: long enough for the next poll to read them. Without that, the moment
+    between the call's return and that poll judged them lost, and the fault ledger held a GpuLost that never was."""
+    from gpuwatch.core.model import StuckCall
+    from gpuwatch.judge.findings import frozen_by, health_flags, views
+
+    store, clock, registry = setup()
+    store.record_poll([GpuReading(GPU0, sample("GPU-0", clock.now)), GpuReading(GPU1, sample("GPU-1", clock.now))])
+    hung = StuckCall("nvml", "nvmlDeviceGetPowerUsage", "1", "GPU-1", clock.now)
+    store.set_stuck_calls((hung,))
+    clock.now += 10.0  # both GPUs' readings long stale
+    assert frozen_by(store.snapshot(), "GPU-0") == hung
+    store.set_stuck_calls(())  # the call returned; the poll has not stored its readings yet
+    clock.now += 1.0
+    snap = store.snapshot()
+    assert [f.alert for v in views(snap) for f in health_flags(v)] == ["GpuwatchVendorCallHung"] * 2
+    assert value(registry, "gpuwatch_gpus_detected") == 2.0
+    clock.now += 3.0  # past STALE_AFTER_POLLS poll intervals and still no reading: now they are lost
+    snap = store.snapshot()
+    assert [f.alert for v in views(snap) for f in health_flags(v)] == ["GpuLost"] * 2
+    assert value(registry, "gpuwatch_gpus_detected") == 0.0

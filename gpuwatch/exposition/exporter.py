@@ -143,8 +143,9 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
     for backend, (up, _message) in sorted(snap.backends.items()):
         out.add("gpuwatch_backend_up", (backend,), up)
     # While a poll hangs in a vendor call its GPUs' readings go stale, but the library has not lost them: the GPUs it
-    # last answered for stay detected, so a hang never reads as missing GPUs (GpuwatchVendorCallHung names it).
-    hung = bool(snap.stuck_calls)
+    # last answered for stay detected, so a hang never reads as missing GPUs (GpuwatchVendorCallHung names it), nor
+    # does the moment after it returns, before the next poll has read them.
+    hung = bool(snap.stuck_calls or snap.thawing_calls)
     detected = {
         _physical_gpu(identity)
         for uuid, identity in snap.identities.items()

@@ -152,10 +152,13 @@ def diag_flags(view: GpuView) -> list[Finding]:
 def frozen_by(snap: StoreSnapshot, uuid: str) -> StuckCall | None:
     """The hung vendor call that keeps this GPU's readings stale, or None. A poll reads the vendors in turn, so while
     one call hangs no GPU of the node is read: a GPU the library last answered for (a sample, no error) is frozen, not
-    lost, as gpuwatch_gpus_detected keeps it and GpuLost leaves it alone. The call on the GPU itself comes first."""
-    if not snap.stuck_calls or uuid not in snap.samples or uuid in snap.gpu_errors or snap.fresh(uuid) is not None:
+    lost, as gpuwatch_gpus_detected keeps it and GpuLost leaves it alone — also for the few poll intervals after the
+    call returned, until the next poll reads it (else the fault ledger would hold a GpuLost that never was). The call
+    on the GPU itself comes first."""
+    calls = snap.stuck_calls or snap.thawing_calls  # just returned: the GPUs it froze are not read again yet
+    if not calls or uuid not in snap.samples or uuid in snap.gpu_errors or snap.fresh(uuid) is not None:
         return None
-    return next((c for c in snap.stuck_calls if c.uuid == uuid), snap.stuck_calls[0])
+    return next((c for c in calls if c.uuid == uuid), calls[0])
 
 
 def _not_readable(view: GpuView, call: StuckCall) -> Finding:

@@ -75,6 +75,9 @@ class StoreSnapshot:
     probe: ProbeView = field(default_factory=ProbeView)  # the probe's counters, last results and baselines
     parts: dict[str, Any] = field(default_factory=dict)  # collector -> what it stored (its module's own type)
     stuck_calls: tuple[StuckCall, ...] = ()  # vendor calls a poll hangs in (VendorCollectors.stuck_calls)
+    # The calls that hung until moments ago: the GPUs they froze are not read yet, so for STALE_AFTER_POLLS poll
+    # intervals after the last one returned their stale readings are still the hang's, not a lost GPU's.
+    thawing_calls: tuple[StuckCall, ...] = ()
     state_dir_writable: bool | None = None  # False: state files cannot be written (full disk), state kept in memory
     ledger: LedgerView = field(default_factory=LedgerView)  # the faults held until repaired (gpuwatch.state.ledger)
 
@@ -98,6 +101,7 @@ class SampleStore:
         self._samples: dict[str, GpuSample] = {}
         self._errors: dict[str, str] = {}
         self._stuck_calls: tuple[StuckCall, ...] = ()
+        self._thawing: tuple[tuple[StuckCall, ...], float] = ((), 0.0)  # the calls that last hung, when they returned
         self._throttle: dict[str, dict[str, float]] = {}
         self._xids: dict[tuple[str, int], XidCount] = {}
         self._xid_seen: dict[tuple[str, int], list[tuple[float, str]]] = {}
@@ -299,6 +303,11 @@ class SampleStore:
                 probe=self.probe.view(),
                 parts=dict(self._parts),
                 stuck_calls=self._stuck_calls,
+                thawing_calls=(
+                    self._thawing[0]
+                    if now - self._thawing[1] <= STALE_AFTER_POLLS * self._poll_interval_seconds
+                    else ()
+                ),
                 state_dir_writable=self._state_dir_writable,
                 ledger=self._ledger,
             )
@@ -316,4 +325,6 @@ class SampleStore:
     def set_stuck_calls(self, calls: tuple[StuckCall, ...]) -> None:
         """The vendor calls a poll hangs in now (none once it returns)."""
         with self._lock:
+            if self._stuck_calls and not calls:
+                self._thawing = (self._stuck_calls, self._clock())
             self._stuck_calls = calls
