@@ -51,6 +51,19 @@ def fleet_overview() -> dict[str, Any]:
         steps((None, "green"), (1, "red")),
     )
     b.stat(
+        "RDMA ports down",
+        "InfiniBand or RoCE ports down after having been up within a day (HostNetworkPortDown's condition): a rail "
+        "of a node's network. Open the node detail dashboard's Network row.",
+        "none",
+        [
+            Q(
+                f"count(gpuwatch_network_port_up{{{s}}} == 0 and on (instance, device, port) "
+                f"max_over_time(gpuwatch_network_port_up{{{s}}}[1d]) == 1) or vector(0)"
+            )
+        ],
+        steps((None, "green"), (1, "red")),
+    )
+    b.stat(
         "Agents down",
         "gpuwatch scrape targets Prometheus cannot reach (up == 0 for job gpuwatch).",
         "none",
