@@ -188,7 +188,8 @@ def test_the_agent_exports_real_utilization_per_scenario(tmp_path: Path) -> None
         assert sim.value("gpuwatch_gpu_utilization_ratio", 2) == 0.0
         assert sim.value("gpuwatch_gpu_sm_active_seconds_total", 2) == 0.0
         assert sim.value("gpuwatch_gpu_pipe_active_ratio", 2, pipe="hmma") == 0.0
-        assert not [name for name, _ in sim.samples() if name == "gpuwatch_gpu_nvlink_bytes_total"]
+        nvlink_bytes = ("gpuwatch_gpu_nvlink_bytes_total", "gpuwatch_gpu_nvlinks_bytes_total")
+        assert not [name for name, _ in sim.samples() if name in nvlink_bytes]
     finally:
         sim.close()
     sim = SimAgent(tmp_path / "training", scenario="training", gpus=2)

@@ -205,7 +205,7 @@ def test_fabric_degraded_shows_its_conditions_and_only_on_its_gpu(sim: SimAgent)
     LIMITED_CAPACITY on the faulted GPU; every condition the mask and summary report is exported on each GPU."""
     for gpu in range(8):
         assert sim.value("gpuwatch_gpu_fabric_healthy", gpu) == 1.0  # registered: the fabric runs, degraded
-        assert sim.value("gpuwatch_gpu_nvlink_up", gpu, link="0") == 1.0
+        assert sim.value("gpuwatch_gpu_nvlinks_up", gpu) == sim.value("gpuwatch_gpu_nvlinks_expected", gpu) == 18.0
         holding = {c for c in FABRIC_CONDITIONS if sim.value("gpuwatch_gpu_fabric_health", gpu, condition=c) == 1.0}
         reported = {
             c for c in FABRIC_CONDITIONS if sim.value("gpuwatch_gpu_fabric_health", gpu, condition=c) is not None

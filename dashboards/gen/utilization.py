@@ -158,7 +158,7 @@ def real_utilization_node(b: Board, s: str) -> None:
         "Bps",
         [
             Q(
-                f"sum by (gpu, direction) (rate(gpuwatch_gpu_nvlink_bytes_total{{{s}}}[$__rate_interval]))",
+                f"sum by (gpu, direction) (rate(gpuwatch_gpu_nvlinks_bytes_total{{{s}}}[$__rate_interval]))",
                 GPU_LEGEND + " {{direction}}",
             )
         ],

@@ -23,3 +23,11 @@ class SampleSink(Protocol):
     """Where an export writes: one sample of the catalogue's family `name` (a None value is no sample)."""
 
     def add(self, name: str, labels: tuple[str, ...], value: float | int | bool | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExportDetail:
+    """What the exposition serves beyond its default, from the configuration (docs/cost-and-sizing.md, "The series
+    budget"): the default keeps a healthy 8-GPU HGX node within 700 series."""
+
+    nvlink_per_link: frozenset[str] = frozenset()  # vendors whose every link is served per link ([nvml], [amdsmi])

@@ -215,7 +215,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_nvlink_bytes_total",
         "counter",
         (*GPU, "link", "direction"),
-        "NVLink/XGMI traffic per link: rx read by this GPU, tx written by it.",
+        "NVLink/XGMI traffic per link: rx read by this GPU, tx written by it. Only for a link that misbehaved since "
+        "the agent started, or every link with [nvml] nvlink_per_link; gpuwatch_gpu_nvlinks_bytes_total sums them.",
     ),
     # Errors and memory health
     _m("gpuwatch_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Lifetime ECC errors (aggregate)."),
@@ -293,13 +294,47 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "type"),
         "PCIe errors the GPU counted: fatal, non_fatal, correctable (AER classes).",
     ),
-    _m("gpuwatch_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 when the NVLink/XGMI link is up."),
+    _m(
+        "gpuwatch_gpu_nvlink_up",
+        "gauge",
+        (*GPU, "link"),
+        "1 when the NVLink/XGMI link is up. Only for a link that misbehaved since the agent started (down while the "
+        "GPU expects it up, or an error counter grown), or every link with [nvml] nvlink_per_link.",
+    ),
     _m(
         "gpuwatch_gpu_nvlink_errors_total",
         "counter",
         (*GPU, "link", "type"),
         "NVLink/XGMI link errors: replay, recovery, crc, ecc (DL counters); Blackwell's link fields add "
-        "recovery_failed, effective (left after FEC) and symbol.",
+        "recovery_failed, effective (left after FEC) and symbol. Only for a link that misbehaved since the agent "
+        "started, or every link with [nvml] nvlink_per_link; gpuwatch_gpu_nvlinks_errors_total sums them.",
+    ),
+    # NVLink per GPU (issue #34): what every GPU with links serves; the per-link families above only on demand.
+    _m(
+        "gpuwatch_gpu_nvlinks_up",
+        "gauge",
+        GPU,
+        "The GPU's NVLink/XGMI links up now; below gpuwatch_gpu_nvlinks_expected while one is down.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_expected",
+        "gauge",
+        GPU,
+        "The NVLink/XGMI links the GPU has: NVIDIA, the links whose state NVML answered for at start "
+        "(nvmlDeviceGetNvLinkState); AMD, the XGMI links seen up or down since the agent started.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_errors_total",
+        "counter",
+        (*GPU, "type"),
+        "NVLink/XGMI link errors summed over the GPU's links, by type (as gpuwatch_gpu_nvlink_errors_total), from 0 "
+        "for every type the links count: an increase is a first error too.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_bytes_total",
+        "counter",
+        (*GPU, "direction"),
+        "NVLink/XGMI traffic summed over the GPU's links: rx read by this GPU, tx written by it.",
     ),
     # Matmul probe
     _m(

@@ -15,13 +15,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwatch import __version__
-from gpuwatch.core.metric_spec import SampleSink
+from gpuwatch.collectors.amdsmi import AmdsmiSection
+from gpuwatch.collectors.nvml import NvmlSection
+from gpuwatch.config.settings import Config
+from gpuwatch.core.metric_spec import ExportDetail, SampleSink
 from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.xid import xid_label
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.fast import Row
 from gpuwatch.judge.gpu_verdict import ACTIONS, STATES, gpu_verdicts
 from gpuwatch.registry import REGISTRY
+from gpuwatch.state.nvlinks import LinkWatch, NvlinkTotals
 from gpuwatch.state.probebook import RESULTS, ProbeView
 from gpuwatch.state.store import SampleStore, StoreSnapshot
 
@@ -62,6 +66,19 @@ class _Families:
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
+
+
+def export_detail(config: Config) -> ExportDetail:
+    """What the configuration asks the exposition to serve beyond its default (docs/cost-and-sizing.md)."""
+    per_link = {
+        vendor
+        for vendor, asked in (
+            ("nvidia", config.section(NvmlSection).nvlink_per_link),
+            ("amd", config.section(AmdsmiSection).xgmi_per_link),
+        )
+        if asked
+    }
+    return ExportDetail(nvlink_per_link=frozenset(per_link))
 
 
 # Families derived from gpuwatch's own (gpuwatch.exposition.dcgm_compat: dcgm-exporter's names), rendered after them.
@@ -110,7 +127,10 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
             out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
         if sample is None:
             continue
+        links = snap.nvlinks.get(identity.uuid) or LinkWatch().update(sample)  # a snapshot no store's poll made
+        every_link = identity.vendor in snap.detail.nvlink_per_link
         _readings(gpu, sample, snap.configured_power_limit_watts, out)
+        _nvlinks(gpu, sample, links, every_link, out)
         out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
         out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
         export_probe(gpu, identity.uuid, snap.probe, out)
@@ -327,9 +347,37 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
     each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
-    each("gpuwatch_gpu_nvlink_up", gpu, s.nvlink_up)
-    each("gpuwatch_gpu_nvlink_errors_total", gpu, s.nvlink_errors_total)
     _activity(gpu, s, out)
+
+
+def _nvlinks(gpu: tuple[str, str], s: GpuSample, links: NvlinkTotals | None, every_link: bool, out: _Out) -> None:
+    """NVLink/XGMI per GPU; per link only for the links that misbehaved since the agent started, or every link when
+    the vendor's section asks (gpuwatch/state/nvlinks.py)."""
+    if links is None:
+        return
+    out.add("gpuwatch_gpu_nvlinks_up", gpu, links.up)
+    out.add("gpuwatch_gpu_nvlinks_expected", gpu, links.expected)
+    out.add_each("gpuwatch_gpu_nvlinks_errors_total", gpu, links.errors_total)
+    out.add_each("gpuwatch_gpu_nvlinks_bytes_total", gpu, links.bytes_total)
+    if not every_link and not links.misbehaved:
+        return
+    shown = links.misbehaved
+    for link, up in sorted(s.nvlink_up.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_up", (*gpu, link), up)
+    for (link, kind), count in sorted(s.nvlink_errors_total.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_errors_total", (*gpu, link, kind), count)
+    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
+
+
+def _link_order(item: tuple[Any, Any]) -> tuple[int, Any]:
+    """Links in number order (2 before 10), whatever else the key holds."""
+    key = item[0]
+    link = key[0] if isinstance(key, tuple) else key
+    return (len(link), key)
 
 
 def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
@@ -340,8 +388,6 @@ def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
     out.add_row(_ACTIVE_TOTALS, gpu, (seconds.get("sm"), seconds.get("tensor"), s.sm_cycles_total))
     out.add_each("gpuwatch_gpu_active_cycles_total", gpu, s.active_cycles_total)
     out.add_each("gpuwatch_gpu_pcie_bytes_total", gpu, s.pcie_bytes_total)
-    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
-        out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
 
 
 _PROBE_SPEED = Row("gpuwatch_probe_flops", "gpuwatch_probe_spread_ratio")
