@@ -31,3 +31,6 @@ class ExportDetail:
     budget"): the default keeps a healthy 8-GPU HGX node within 700 series."""
 
     nvlink_per_link: frozenset[str] = frozenset()  # vendors whose every link is served per link ([nvml], [amdsmi])
+    # [compat] dcgm: what its mapping (gpuwatch/exposition/dcgm_fields.py) reads is served whole, as before the
+    # budget, so dcgm-exporter's names answer what they answered (a field absent where its source was cut would not).
+    dcgm: bool = False

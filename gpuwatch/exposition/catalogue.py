@@ -34,15 +34,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_health",
         "gauge",
         (*GPU, "state"),
-        "The GPU's verdict, one-hot: 1 for its state (healthy, degraded, unhealthy), 0 for the others "
+        "The GPU's verdict: its state (healthy, degraded, unhealthy), always 1; only the current state has a series "
         "(docs/verdicts.md).",
     ),
     _m(
         "gpuwatch_gpu_recommended_action",
         "gauge",
         (*GPU, "action"),
-        "The one action the GPU's verdict recommends, one-hot: none, restart_app, reset_gpu, reboot_node, "
-        "inspect_hardware, replace_gpu (docs/verdicts.md).",
+        "The one action the GPU's verdict recommends (none, restart_app, reset_gpu, reboot_node, inspect_hardware, "
+        "replace_gpu), always 1; only the current action has a series (docs/verdicts.md).",
     ),
     _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),

@@ -23,7 +23,7 @@ from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.xid import xid_label
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.fast import Row
-from gpuwatch.judge.gpu_verdict import ACTIONS, STATES, gpu_verdicts
+from gpuwatch.judge.gpu_verdict import gpu_verdicts
 from gpuwatch.registry import REGISTRY
 from gpuwatch.state.nvlinks import LinkWatch, NvlinkTotals
 from gpuwatch.state.probebook import RESULTS, ProbeView
@@ -78,7 +78,7 @@ def export_detail(config: Config) -> ExportDetail:
         )
         if asked
     }
-    return ExportDetail(nvlink_per_link=frozenset(per_link))
+    return ExportDetail(nvlink_per_link=frozenset(per_link), dcgm=config.compat.dcgm)
 
 
 # Families derived from gpuwatch's own (gpuwatch.exposition.dcgm_compat: dcgm-exporter's names), rendered after them.
@@ -129,7 +129,7 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
             continue
         links = snap.nvlinks.get(identity.uuid) or LinkWatch().update(sample)  # a snapshot no store's poll made
         every_link = identity.vendor in snap.detail.nvlink_per_link
-        _readings(gpu, sample, snap.configured_power_limit_watts, out)
+        _readings(gpu, sample, snap.configured_power_limit_watts, snap.detail, out)
         _nvlinks(gpu, sample, links, every_link, out)
         out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
         out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
@@ -202,13 +202,13 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
 
 
 def _verdicts(snap: StoreSnapshot, out: _Out) -> None:
-    """Each GPU's verdict, one-hot: every state and every action a series, the GPU's own at 1 (docs/verdicts.md)."""
+    """Each GPU's verdict: its state and its action, each one series at 1 (docs/verdicts.md). The states and the
+    actions are exclusive sets, so the others' zeros say nothing a rule's `== 1` or a `max by (state)` needs: 7 series
+    a GPU saved (docs/cost-and-sizing.md, "The series budget"). A state change ends one series and starts another."""
     for verdict in gpu_verdicts(snap):
         gpu = (str(verdict.index), verdict.uuid)
-        for state in STATES:
-            out.add("gpuwatch_gpu_health", (*gpu, state), state == verdict.state)
-        for action in ACTIONS:
-            out.add("gpuwatch_gpu_recommended_action", (*gpu, action), action == verdict.action)
+        out.add("gpuwatch_gpu_health", (*gpu, verdict.state), 1)
+        out.add("gpuwatch_gpu_recommended_action", (*gpu, verdict.action), 1)
 
 
 _COLLECTOR = Row(
@@ -307,7 +307,9 @@ _ACTIVE_TOTALS = Row(
 )
 
 
-def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
+def _readings(
+    gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, detail: ExportDetail, out: _Out
+) -> None:
     each, row = out.add_each, out.add_row
     each("gpuwatch_gpu_temperature_celsius", gpu, s.temperature_celsius)
     each("gpuwatch_gpu_temperature_threshold_celsius", gpu, s.temperature_threshold_celsius)
@@ -348,6 +350,11 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
     each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
     _activity(gpu, s, out)
+
+
+def _holding(flags: dict[str, bool]) -> dict[str, bool]:
+    """The flags that hold; a dict with none is served as no series at all."""
+    return {key: True for key, on in flags.items() if on}
 
 
 def _nvlinks(gpu: tuple[str, str], s: GpuSample, links: NvlinkTotals | None, every_link: bool, out: _Out) -> None:
