@@ -114,7 +114,13 @@ _SPECS: tuple[MetricSpec, ...] = (
         "1 when the driver reports the GPU's power source as undersized.",
     ),
     # Throttling
-    _m("gpuwatch_gpu_throttle_active", "gauge", (*GPU, "reason"), "1 while the reason holds clocks down."),
+    _m(
+        "gpuwatch_gpu_throttle_active",
+        "gauge",
+        (*GPU, "reason"),
+        "1 while the reason holds clocks down; served only while it does (how long it held: "
+        "gpuwatch_gpu_throttle_seconds_total), every reason the GPU reports with [compat] dcgm.",
+    ),
     _m(
         "gpuwatch_gpu_throttle_seconds_total",
         "counter",

@@ -322,7 +322,10 @@ def _readings(
         limits = {**limits, "configured": configured_limit}
     each("gpuwatch_gpu_power_limit_watts", gpu, limits)
     row(_ENERGY, gpu, (s.energy_joules, s.performance_state, s.power_supply_undersized))
-    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active)
+    # Only the reasons holding the clocks down now: the time each held is gpuwatch_gpu_throttle_seconds_total's, and
+    # the rules and dashboards read `== 1` (docs/cost-and-sizing.md, "The series budget"). DCGM's clock event reasons
+    # bitmask is 0, not absent, for a GPU that reports reasons and has none active: [compat] dcgm keeps the zeros.
+    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active if detail.dcgm else _holding(s.throttle_active))
     pids = s.process_pids
     row(
         _USAGE,
