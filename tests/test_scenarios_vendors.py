@@ -45,7 +45,6 @@ ALERT_SERIES: tuple[tuple[str, dict[str, str]], ...] = (
     ("gpuwatch_gpu_pcie_link_width", {"link": "max"}),
     ("gpuwatch_gpu_pcie_replays_total", {}),
     ("gpuwatch_gpu_pcie_link_recoveries_total", {}),
-    ("gpuwatch_gpu_mig_enabled", {}),
 )
 # NVIDIA only: hardware thermal slowdown (clocks cut by half or more). AMD SMI has no such signal: its thermal
 # residencies are the firmware's own temperature control (sw_thermal), and GpuOverheating reads an AMD GPU's hotspot
@@ -123,7 +122,8 @@ def test_healthy_has_every_alert_series_on_every_gpu(sim: SimAgent) -> None:
             assert all(sim.value(name, gpu, **labels) is None for name, labels in NVIDIA_ALERT_SERIES)
         assert_healthy(sim, gpu)
         assert value(sim, "gpuwatch_gpu_processes", gpu) == 0.0
-        assert value(sim, "gpuwatch_gpu_mig_enabled", gpu) == 0.0
+        modes = [dict(labels) for name, labels in sim.samples() if name == "gpuwatch_gpu_modes_info"]
+        assert [m["mig"] for m in modes if m["gpu"] == str(gpu)] == ["0"]  # MIG and AMD partitions: the info's
     assert sim.value("gpuwatch_backend_up", backend=BACKEND[vendor_of(sim)]) == 1.0
     assert sim.value("gpuwatch_gpus_detected") == 8.0
     assert sim.value("gpuwatch_gpus_expected", vendor=vendor_of(sim)) == 8.0

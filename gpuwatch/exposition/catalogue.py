@@ -91,19 +91,31 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_temperature_threshold_celsius",
         "gauge",
         (*GPU, "sensor", "threshold"),
-        "The device's own temperature limits.",
+        "The device's own temperature limits the rules compare against: core slowdown, memory max_operating; every "
+        "limit the device declares (shutdown, core max_operating) with [compat] dcgm.",
     ),
     _m("gpuwatch_gpu_fan_speed_ratio", "gauge", (*GPU, "fan"), "Fan speed as a share of its maximum."),
     # Clocks
-    _m("gpuwatch_gpu_clock_hertz", "gauge", (*GPU, "clock"), "Current clock."),
-    _m("gpuwatch_gpu_clock_max_hertz", "gauge", (*GPU, "clock"), "Maximum clock the device allows."),
+    _m(
+        "gpuwatch_gpu_clock_hertz",
+        "gauge",
+        (*GPU, "clock"),
+        "Current clock: sm, memory, video; graphics where it differs from sm (NVIDIA's are one clock).",
+    ),
+    _m(
+        "gpuwatch_gpu_clock_max_hertz",
+        "gauge",
+        (*GPU, "clock"),
+        "Maximum clock the device allows: sm; every clock's with [compat] dcgm.",
+    ),
     # Power
     _m("gpuwatch_gpu_power_watts", "gauge", GPU, "Board power draw."),
     _m(
         "gpuwatch_gpu_power_limit_watts",
         "gauge",
         (*GPU, "limit"),
-        "Power limits: enforced, default, min, max, and configured (the operator's intent, from the config).",
+        "Power limits: enforced, default, and configured (the operator's intent, from the config); the range the "
+        "driver allows, min and max, with [compat] dcgm.",
     ),
     _m("gpuwatch_gpu_energy_joules_total", "counter", GPU, "Energy since the driver loaded."),
     _m("gpuwatch_gpu_performance_state", "gauge", GPU, "NVIDIA P-state (0 = fastest)."),
@@ -140,7 +152,13 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_memory_used_bytes", "gauge", GPU, "Device memory in use."),
     _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
     _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
-    _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
+    _m(
+        "gpuwatch_gpu_mig_enabled",
+        "gauge",
+        GPU,
+        "1 when MIG (or a non-default AMD compute partition) is active; served with [compat] dcgm (else "
+        "gpuwatch_gpu_modes_info).",
+    ),
     _m(
         "gpuwatch_gpu_partitions",
         "gauge",
@@ -148,8 +166,25 @@ _SPECS: tuple[MetricSpec, ...] = (
         "AMD: compute partitions the GPU is split into (1 in SPX, 8 in CPX on an MI300X), on partition 0, whose gpu "
         "label names the GPU; each partition is a gpu of its own, and gpuwatch_gpus_detected counts the GPU once.",
     ),
-    _m("gpuwatch_gpu_ecc_enabled", "gauge", GPU, "Current ECC mode."),
-    _m("gpuwatch_gpu_persistence_mode_enabled", "gauge", GPU, "NVIDIA persistence mode."),
+    _m(
+        "gpuwatch_gpu_ecc_enabled",
+        "gauge",
+        GPU,
+        "Current ECC mode; served with [compat] dcgm (else gpuwatch_gpu_modes_info).",
+    ),
+    _m(
+        "gpuwatch_gpu_persistence_mode_enabled",
+        "gauge",
+        GPU,
+        "NVIDIA persistence mode; served with [compat] dcgm (else gpuwatch_gpu_modes_info).",
+    ),
+    _m(
+        "gpuwatch_gpu_modes_info",
+        "gauge",
+        (*GPU, "ecc", "persistence_mode", "mig"),
+        "The GPU's modes, always 1: ecc, persistence_mode and mig each 1 (enabled), 0 (disabled) or empty (not "
+        "reported); a mode change is a new series. MIG: also a non-default AMD compute partition.",
+    ),
     # Real utilization (docs/reading-the-metrics.md): what the silicon did, where utilization_ratio says only that a
     # kernel ran. NVIDIA: NVML GPM (Hopper and newer); absent, never 0, on GPUs that cannot measure it.
     _m(

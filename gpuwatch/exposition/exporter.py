@@ -307,17 +307,41 @@ _ACTIVE_TOTALS = Row(
 )
 
 
+# Constants no rule, dashboard or page reads, served only with [compat] dcgm (whose mapping reads some of them): a
+# GPU's own temperature limits but the two the rules compare against, its maximum clocks but the SM's (the boards'
+# clock share), the power limits' range. docs/cost-and-sizing.md, "The series budget".
+_READ_THRESHOLDS = frozenset({("core", "slowdown"), ("memory", "max_operating")})
+_READ_MAX_CLOCKS = frozenset({"sm"})
+_UNREAD_LIMITS = frozenset({"min", "max"})
+
+
 def _readings(
     gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, detail: ExportDetail, out: _Out
 ) -> None:
     each, row = out.add_each, out.add_row
+    whole = detail.dcgm
     each("gpuwatch_gpu_temperature_celsius", gpu, s.temperature_celsius)
-    each("gpuwatch_gpu_temperature_threshold_celsius", gpu, s.temperature_threshold_celsius)
+    thresholds = s.temperature_threshold_celsius
+    each(
+        "gpuwatch_gpu_temperature_threshold_celsius",
+        gpu,
+        thresholds if whole else {k: v for k, v in thresholds.items() if k in _READ_THRESHOLDS},
+    )
     each("gpuwatch_gpu_fan_speed_ratio", gpu, s.fan_speed_ratio)
-    each("gpuwatch_gpu_clock_hertz", gpu, s.clock_hertz)
-    each("gpuwatch_gpu_clock_max_hertz", gpu, s.clock_max_hertz)
+    clocks = s.clock_hertz
+    if not whole and "graphics" in clocks and clocks.get("graphics") == clocks.get("sm"):  # NVIDIA: one clock
+        clocks = {k: v for k, v in clocks.items() if k != "graphics"}
+    each("gpuwatch_gpu_clock_hertz", gpu, clocks)
+    maxima = s.clock_max_hertz
+    each(
+        "gpuwatch_gpu_clock_max_hertz",
+        gpu,
+        maxima if whole else {k: v for k, v in maxima.items() if k in _READ_MAX_CLOCKS},
+    )
     row(_POWER, gpu, (s.power_watts,))
     limits = s.power_limit_watts
+    if not whole:
+        limits = {k: v for k, v in limits.items() if k not in _UNREAD_LIMITS}
     if configured_limit is not None:
         limits = {**limits, "configured": configured_limit}
     each("gpuwatch_gpu_power_limit_watts", gpu, limits)
@@ -336,12 +360,16 @@ def _readings(
             s.memory_used_bytes,
             s.memory_total_bytes,
             None if pids is None else len(pids),
-            s.mig_enabled,
+            s.mig_enabled if whole else None,
             s.compute_partitions,
-            s.ecc_enabled,
-            s.persistence_mode_enabled,
+            s.ecc_enabled if whole else None,
+            s.persistence_mode_enabled if whole else None,
         ),
     )
+    # The modes, constants an operator sets, folded into one info series (a change is a new series): 3 -> 1.
+    modes = (s.ecc_enabled, s.persistence_mode_enabled, s.mig_enabled)
+    if any(mode is not None for mode in modes):
+        out.add("gpuwatch_gpu_modes_info", (*gpu, *("" if m is None else str(int(m)) for m in modes)), 1)
     each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
     each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
