@@ -137,14 +137,17 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_throttle_seconds_total",
         "counter",
         (*GPU, "reason"),
-        "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll.",
+        "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll. "
+        "The reasons the rules read (hw_power_brake, hw_slowdown, hw_thermal, sw_thermal) from 0, the others from "
+        "their first second (every reason with [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_thermal_violation_seconds_total",
         "counter",
         GPU,
         "NVIDIA: time thermal constraints held clocks down since the driver loaded, as NVML counts it "
-        "(NVML_FI_DEV_PERF_POLICY_THERMAL: software and hardware thermal slowdown as one counter).",
+        "(NVML_FI_DEV_PERF_POLICY_THERMAL: software and hardware thermal slowdown as one counter); from its first "
+        "second, or from 0 with [compat] dcgm.",
     ),
     # Utilization, memory, modes
     _m("gpuwatch_gpu_utilization_ratio", "gauge", GPU, "Compute busy share 0-1."),
@@ -260,8 +263,19 @@ _SPECS: tuple[MetricSpec, ...] = (
         "the agent started, or every link with [nvml] nvlink_per_link; gpuwatch_gpu_nvlinks_bytes_total sums them.",
     ),
     # Errors and memory health
-    _m("gpuwatch_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Lifetime ECC errors (aggregate)."),
-    _m("gpuwatch_gpu_remapped_rows_total", "counter", (*GPU, "cause"), "Remapped memory rows."),
+    _m(
+        "gpuwatch_gpu_ecc_errors_total",
+        "counter",
+        (*GPU, "type"),
+        "Lifetime ECC errors (aggregate): uncorrected and deferred from 0, corrected from its first (or from 0 with "
+        "[compat] dcgm).",
+    ),
+    _m(
+        "gpuwatch_gpu_remapped_rows_total",
+        "counter",
+        (*GPU, "cause"),
+        "Remapped memory rows, from the first (or from 0 with [compat] dcgm).",
+    ),
     _m("gpuwatch_gpu_row_remap_pending", "gauge", GPU, "1 when a GPU reset is needed to apply a row remap."),
     _m("gpuwatch_gpu_row_remap_failed", "gauge", GPU, "1 when a row remap failed."),
     _m("gpuwatch_gpu_retired_pages", "gauge", GPU, "Retired or bad memory pages."),
@@ -333,7 +347,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_pcie_errors_total",
         "counter",
         (*GPU, "type"),
-        "PCIe errors the GPU counted: fatal, non_fatal, correctable (AER classes).",
+        "PCIe errors the GPU counted: fatal, non_fatal (from 0), correctable (from its first) (AER classes).",
     ),
     _m(
         "gpuwatch_gpu_nvlink_up",
@@ -368,8 +382,9 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_nvlinks_errors_total",
         "counter",
         (*GPU, "type"),
-        "NVLink/XGMI link errors summed over the GPU's links, by type (as gpuwatch_gpu_nvlink_errors_total), from 0 "
-        "for every type the links count: an increase is a first error too.",
+        "NVLink/XGMI link errors summed over the GPU's links, by type (as gpuwatch_gpu_nvlink_errors_total): replay, "
+        "recovery and recovery_failed from the agent's start, so increase() sees a first error; the others from "
+        "their first.",
     ),
     _m(
         "gpuwatch_gpu_nvlinks_bytes_total",
@@ -395,7 +410,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_probe_spread_ratio", "gauge", (*GPU, "dtype"), "(p90 - p10) / median of the last probe."),
     _m("gpuwatch_probe_h2d_bytes_per_second", "gauge", GPU, "Pinned host-to-device copy bandwidth."),
     _m("gpuwatch_probe_d2h_bytes_per_second", "gauge", GPU, "Pinned device-to-host copy bandwidth."),
-    _m("gpuwatch_probe_runs_total", "counter", (*GPU, "result"), "Probe runs by result."),
+    _m(
+        "gpuwatch_probe_runs_total",
+        "counter",
+        (*GPU, "result"),
+        "Probe runs by result: ok, failed and timeout from 0, the others from their first.",
+    ),
     _m(
         "gpuwatch_probe_compute_errors_total",
         "counter",

@@ -131,9 +131,12 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
         every_link = identity.vendor in snap.detail.nvlink_per_link
         _readings(gpu, sample, snap.configured_power_limit_watts, snap.detail, out)
         _nvlinks(gpu, sample, links, every_link, out)
-        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
-        out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
-        export_probe(gpu, identity.uuid, snap.probe, out)
+        whole = snap.detail.dcgm
+        throttled = snap.throttle_seconds.get(identity.uuid, {})
+        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, _counted(throttled, _RULES_THROTTLE, whole))
+        violation = sample.thermal_violation_seconds
+        out.add_row(_THERMAL_VIOLATION, gpu, (violation if whole or violation else None,))
+        export_probe(gpu, identity.uuid, snap.probe, out, whole)
         for name, export_gpu in _collector_exports("export_gpu"):
             export_gpu(snap.parts.get(name), gpu, out)
     export_interval(snap.probe, out)
@@ -370,8 +373,8 @@ def _readings(
     modes = (s.ecc_enabled, s.persistence_mode_enabled, s.mig_enabled)
     if any(mode is not None for mode in modes):
         out.add("gpuwatch_gpu_modes_info", (*gpu, *("" if m is None else str(int(m)) for m in modes)), 1)
-    each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
-    each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
+    each("gpuwatch_gpu_ecc_errors_total", gpu, _counted(s.ecc_errors_total, _RULES_ECC, whole))
+    each("gpuwatch_gpu_remapped_rows_total", gpu, _counted(s.remapped_rows_total, frozenset(), whole))
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
     each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
@@ -379,8 +382,24 @@ def _readings(
     each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
-    each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
+    each("gpuwatch_gpu_pcie_errors_total", gpu, _counted(s.pcie_errors_total, _RULES_PCIE, whole))
     _activity(gpu, s, out)
+
+
+# The per-type counters the rules read from 0, so that increase() and rate() see a first error: every other type is
+# served from its first count (docs/cost-and-sizing.md, "The series budget"), or whole with [compat] dcgm.
+_RULES_THROTTLE = frozenset({"hw_power_brake", "hw_slowdown", "hw_thermal", "sw_thermal"})  # GpuPowerBrakeSlowdown…
+_RULES_ECC = frozenset({"uncorrected", "deferred"})  # GpuEccUncorrectable
+_RULES_PCIE = frozenset({"fatal", "non_fatal"})  # GpuPcieFatalErrors, GpuPcieUncorrectableErrors
+_RULES_NVLINK = frozenset({"replay", "recovery", "recovery_failed"})  # GpuNvlinkErrors (CRC: per link)
+_RULES_PROBE = frozenset({"ok", "failed", "timeout"})  # GpuProbeFailing; compute errors: their own counter
+
+
+def _counted(values: dict[Any, Any], from_zero: frozenset[str], whole: bool = False) -> dict[Any, Any]:
+    """The per-type counters a rule reads from 0, and the others once they count something."""
+    if whole:
+        return values
+    return {key: value for key, value in values.items() if value or key in from_zero}
 
 
 def _holding(flags: dict[str, bool]) -> dict[str, bool]:
@@ -395,7 +414,7 @@ def _nvlinks(gpu: tuple[str, str], s: GpuSample, links: NvlinkTotals | None, eve
         return
     out.add("gpuwatch_gpu_nvlinks_up", gpu, links.up)
     out.add("gpuwatch_gpu_nvlinks_expected", gpu, links.expected)
-    out.add_each("gpuwatch_gpu_nvlinks_errors_total", gpu, links.errors_total)
+    out.add_each("gpuwatch_gpu_nvlinks_errors_total", gpu, _counted(links.errors_total, _RULES_NVLINK))
     out.add_each("gpuwatch_gpu_nvlinks_bytes_total", gpu, links.bytes_total)
     if not every_link and not links.misbehaved:
         return
@@ -446,13 +465,16 @@ def export_interval(view: ProbeView, out: _Out) -> None:
         out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
 
 
-def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
-    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
+def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out, whole: bool = False) -> None:
+    """The `gpuwatch_probe_*` samples of one (fresh) GPU; the run counters the rules read exist from start-up, the
+    others from their first run (every one with `whole`)."""
     if not view.enabled:
         return
     counts = view.runs.get(uuid, {})
     for result in RESULTS:
-        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+        count = counts.get(result, 0)
+        if count or whole or result in _RULES_PROBE:
+            out.add("gpuwatch_probe_runs_total", (*gpu, result), count)
     out.add("gpuwatch_probe_compute_errors_total", gpu, counts.get("compute_error", 0))
     baseline = view.baselines.get(uuid)
     if baseline is not None:
