@@ -310,7 +310,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "condition"),
         "NVSwitch systems: 1 while a fabric health condition holds (nvmlGpuFabricInfo health mask and summary): "
         "degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration, "
-        "unhealthy, limited_capacity; absent where the driver does not report it.",
+        "unhealthy, limited_capacity; served only while it holds.",
     ),
     _m(
         "gpuwatch_gpu_recovery_action",

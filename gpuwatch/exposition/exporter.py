@@ -378,7 +378,9 @@ def _readings(
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
     each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
-    each("gpuwatch_gpu_fabric_health", gpu, s.fabric_health)
+    # A set of conditions that may hold together: only those that hold, at 1 (GpuFabricDegraded and the node board
+    # read `== 1`); whether the fabric is read at all is gpuwatch_gpu_fabric_healthy's.
+    each("gpuwatch_gpu_fabric_health", gpu, _holding(s.fabric_health))
     each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
