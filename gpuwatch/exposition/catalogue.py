@@ -289,7 +289,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_row_remap_banks",
         "gauge",
         (*GPU, "availability"),
-        "Memory banks by spare rows left for remapping: max, high, partial, low, none.",
+        "Memory banks by spare rows left for remapping: max, high, partial, low, none; only the availabilities that "
+        "hold banks.",
     ),
     _m(
         "gpuwatch_gpu_sram_ecc_threshold_exceeded",

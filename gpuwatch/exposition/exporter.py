@@ -376,7 +376,9 @@ def _readings(
     each("gpuwatch_gpu_ecc_errors_total", gpu, _counted(s.ecc_errors_total, _RULES_ECC, whole))
     each("gpuwatch_gpu_remapped_rows_total", gpu, _counted(s.remapped_rows_total, frozenset(), whole))
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
-    each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
+    # A histogram gauge (banks by spare rows left): only the buckets that hold banks. GpuRowRemapBanksLow sums
+    # low|none > 0, which an empty bucket never adds to; a healthy GPU serves its one bucket, max.
+    each("gpuwatch_gpu_row_remap_banks", gpu, {k: v for k, v in s.row_remap_banks.items() if v})
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
     # A set of conditions that may hold together: only those that hold, at 1 (GpuFabricDegraded and the node board
     # read `== 1`); whether the fabric is read at all is gpuwatch_gpu_fabric_healthy's.
