@@ -16,11 +16,15 @@ __all__ = ["SETTINGS", "NvmlSection", "check", "collectors"]
 @dataclass(frozen=True, slots=True)
 class NvmlSection:
     """[nvml]: detail beyond the per-GPU default. Each link of an HGX H100 is 7 series (state, 4 error counters, 2 byte
-    counters), 1,008 on 8 GPUs × 18 links; by default a link is served on its own only once it misbehaved."""
+    counters), 1,008 on 8 GPUs × 18 links; by default a link is served on its own only once it misbehaved. The SM
+    pipes' activity is opt-in detail ([compat] dcgm serves it too: DCGM's DCGM_FI_PROF_PIPE_* fields read it)."""
 
     SECTION: ClassVar[str] = "nvml"
 
     nvlink_per_link: bool = False  # serve every NVLink's own series (gpuwatch_gpu_nvlink_*{link}), not only bad ones
+    # Serve each SM pipe's activity (gpuwatch_gpu_pipe_active_ratio{pipe}, and gpuwatch_gpu_active_cycles_total for
+    # the pipes beyond sm and tensor): 8 to 16 series a GPU with GPM. sm and tensor activity are served either way.
+    gpm_per_pipe: bool = False
 
     def problems(self) -> Iterator[tuple[str, str]]:
         return iter(())

@@ -220,7 +220,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*GPU, "pipe"),
         "Share 0-1 of time each SM pipe was active over the last poll interval: hmma, dmma, imma, dfma (tensor), "
-        "fp64, fp32, fp16 (non-tensor), integer.",
+        "fp64, fp32, fp16 (non-tensor), integer. Opt-in: [nvml] gpm_per_pipe (or [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_sm_active_seconds_total",
@@ -246,7 +246,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "counter",
         (*GPU, "pipe"),
         "Active SM cycles since boot by pipe (sm, tensor, hmma, dmma, imma, dfma, fp64, fp32, fp16, integer), the "
-        "device's own counters (NVML 13.2+); rate() over rate(gpuwatch_gpu_sm_cycles_total) is the exact share.",
+        "device's own counters (NVML 13.2+); rate() over rate(gpuwatch_gpu_sm_cycles_total) is the exact share. "
+        "sm and tensor always, the other pipes with [nvml] gpm_per_pipe (or [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_pcie_bytes_total",

@@ -78,7 +78,11 @@ def export_detail(config: Config) -> ExportDetail:
         )
         if asked
     }
-    return ExportDetail(nvlink_per_link=frozenset(per_link), dcgm=config.compat.dcgm)
+    return ExportDetail(
+        nvlink_per_link=frozenset(per_link),
+        per_pipe=config.section(NvmlSection).gpm_per_pipe or config.compat.dcgm,
+        dcgm=config.compat.dcgm,
+    )
 
 
 # Families derived from gpuwatch's own (gpuwatch.exposition.dcgm_compat: dcgm-exporter's names), rendered after them.
@@ -387,7 +391,7 @@ def _readings(
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
     each("gpuwatch_gpu_pcie_errors_total", gpu, _counted(s.pcie_errors_total, _RULES_PCIE, whole))
-    _activity(gpu, s, out)
+    _activity(gpu, s, detail.per_pipe, out)
 
 
 # The per-type counters the rules read from 0, so that increase() and rate() see a first error: every other type is
@@ -441,13 +445,24 @@ def _link_order(item: tuple[Any, Any]) -> tuple[int, Any]:
     return (len(link), key)
 
 
-def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
+# Opt-in detail ([nvml] gpm_per_pipe): each SM pipe's activity. sm and tensor, the two shares the rules read, are
+# served either way (gpuwatch_gpu_sm_active_ratio, _tensor_active_ratio and their cycle counters).
+_PIPES_SERVED = frozenset({"sm", "tensor"})
+
+
+def _activity(gpu: tuple[str, str], s: GpuSample, per_pipe: bool, out: _Out) -> None:
     """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
     out.add_row(_ACTIVE, gpu, (s.sm_active_ratio, s.sm_occupancy_ratio, s.tensor_active_ratio, s.dram_active_ratio))
-    out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
+    if per_pipe:
+        out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
     seconds = s.active_seconds_total
     out.add_row(_ACTIVE_TOTALS, gpu, (seconds.get("sm"), seconds.get("tensor"), s.sm_cycles_total))
-    out.add_each("gpuwatch_gpu_active_cycles_total", gpu, s.active_cycles_total)
+    cycles = s.active_cycles_total
+    out.add_each(
+        "gpuwatch_gpu_active_cycles_total",
+        gpu,
+        cycles if per_pipe else {k: v for k, v in cycles.items() if k in _PIPES_SERVED},
+    )
     out.add_each("gpuwatch_gpu_pcie_bytes_total", gpu, s.pcie_bytes_total)
 
 
