@@ -64,8 +64,8 @@ class FabricSource:
 
 @dataclass(frozen=True, slots=True)
 class RdmaSource:
-    """Where the `network` collector reads /sys/class/infiniband: the config's host.sysfs_root (root None), or a
-    tree a simulated node renders before each read (refresh)."""
+    """Where the `network` collector reads /sys/class/infiniband: the host's sysfs root on a real node, a tree a
+    simulated node renders before each read (refresh), or nowhere (root None: a node without RDMA ports)."""
 
     root: Path | None = None
     refresh: Callable[[], None] = lambda: None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
 from gpuwatch.collectors.host import build_host_sources
-from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources
+from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources, RdmaSource
 from gpuwatch.config.settings import Config
 from gpuwatch.readers.fabric_manager import process_running
 from gpuwatch.readers.kmsg import KernelLogXidReader
@@ -39,7 +39,10 @@ def build_real_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> No
         log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
     kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
     fabric = FabricSource(lambda: count_nvswitches(sysfs_root), process_running)
-    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config), fabric=fabric)
+    rdma = RdmaSource(Path(config.host.sysfs_root))  # the host's /sys/class/infiniband, as hwmon reads class/hwmon
+    return NodeSources(
+        slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config), fabric=fabric, rdma=rdma
+    )
 
 
 def _nvml_factory() -> Backend:

@@ -137,15 +137,7 @@ class nvmlGpuFabricInfo_v3_t(Structure):
     """nvmlGpuFabricInfoV_t at version 3 (nvmlGpuFabricInfo_v3 = 0x3000028: version 3, 40 bytes): v2 and the
     one-byte healthSummary (nvidia-ml-py 13.615.71 pynvml.py c_nvmlGpuFabricInfo_v3_t, from nvml.h)."""
 
-    _fields_ = [
-        ("version", c_uint),
-        ("clusterUuid", c_ubyte * 16),
-        ("status", c_uint),
-        ("cliqueId", c_uint32),
-        ("state", c_ubyte),
-        ("healthMask", c_uint32),
-        ("healthSummary", c_ubyte),
-    ]
+    _fields_ = [*nvmlGpuFabricInfo_v2_t._fields_, ("healthSummary", c_ubyte)]
 
 
 class nvmlEccSramErrorStatus_v1_t(Structure):
