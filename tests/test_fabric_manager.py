@@ -135,7 +135,7 @@ def test_a_listening_tcp_or_unix_socket_is_found_and_a_closed_one_is_not(tmp_pat
 _STATE = (
     "import sys; from pathlib import Path; from gpuwatch.readers.fabric_manager import manager_state, "
     "process_running; from gpuwatch.readers.procfs import Procfs; root = Path(sys.argv[1]); "
-    "s = manager_state(Procfs(root), Path(sys.argv[2])); print(process_running(root), s.running)"
+    "s = manager_state(Procfs(root), Path(sys.argv[2]), root / 'net'); print(process_running(root), s.running)"
 )
 
 
