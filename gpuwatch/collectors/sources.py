@@ -56,10 +56,11 @@ class HostSource:
 
 @dataclass(frozen=True, slots=True)
 class FabricSource:
-    """The node's NVLink fabric as the `fabric` collector reads it: NVSwitches on the PCI bus, the fabric manager."""
+    """The node's NVLink fabric as the `fabric` collector reads it: NVSwitches on the PCI bus, the fabric manager
+    (None: this agent cannot tell whether it runs; gpuwatch/readers/fabric_manager.py)."""
 
     nvswitches: Callable[[], int]
-    manager_running: Callable[[], bool]
+    manager_running: Callable[[], bool | None]
 
 
 @dataclass(frozen=True, slots=True)
