@@ -180,11 +180,14 @@ class NetworkCollector:
         self._history: dict[tuple[str, str], deque[tuple[float, int | None, dict[str, int]]]] = {}
 
     def update(self) -> bool:
-        sources, config = self._context.sources, self._context.config()
-        sources.rdma.refresh()
-        root = sources.rdma.root or Path(config.host.sysfs_root)
-        ports = read_ports(root)
-        self._context.store.set_part(self.name, self._judge(ports, root, config.section(NetworkSection)))
+        rdma = self._context.sources.rdma
+        if rdma.root is None:
+            self._context.store.set_part(self.name, ())
+            return True
+        rdma.refresh()
+        ports = read_ports(rdma.root)
+        section = self._context.config().section(NetworkSection)
+        self._context.store.set_part(self.name, self._judge(ports, rdma.root, section))
         return True
 
     def _judge(self, ports: list[RdmaPort], root: Path, section: NetworkSection) -> NetworkPorts:
@@ -259,8 +262,9 @@ def collectors(context: CollectorContext, name: str) -> list[NetworkCollector]:
 
 def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
     """`gpuwatch check`: the RDMA ports found and their states (a node without any is fine)."""
-    sources.rdma.refresh()
-    ports = read_ports(sources.rdma.root or Path(config.host.sysfs_root))
+    if sources.rdma.root is not None:
+        sources.rdma.refresh()
+    ports = read_ports(sources.rdma.root) if sources.rdma.root is not None else []
     if not ports:
         return [CheckLine("ok", "RDMA ports", "none (no /sys/class/infiniband): nothing to export")]
     up = [f"{p.device}/{p.port}" for p in ports if p.up]

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwatch.readers.sysfs import read_attribute
+
 log = logging.getLogger(__name__)
 
 ACTIVE = 4  # the port state "4: ACTIVE" (ib_verbs.h IB_PORT_ACTIVE)
@@ -113,7 +115,7 @@ def _read_port(device: str, port_dir: Path, pci_path: tuple[str, ...]) -> RdmaPo
         state=_numbered(port_dir / "state"),
         phys_state=_numbered(port_dir / "phys_state"),
         rate_bits_per_second=_rate(port_dir / "rate"),
-        link_layer=(_text(port_dir / "link_layer") or "").strip(),
+        link_layer=read_attribute(port_dir / "link_layer") or "",
         errors=errors,
         saturated=tuple(saturated),
         link_downed=link_downed,
@@ -122,15 +124,8 @@ def _read_port(device: str, port_dir: Path, pci_path: tuple[str, ...]) -> RdmaPo
     )
 
 
-def _text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-
-
 def _int(path: Path) -> int | None:
-    text = _text(path)
+    text = read_attribute(path)
     if text is None:
         return None
     try:
@@ -143,19 +138,19 @@ def _int(path: Path) -> int | None:
 
 def _numbered(path: Path) -> int | None:
     """ "4: ACTIVE" -> 4."""
-    match = _STATE.match(_text(path) or "")
+    match = _STATE.match(read_attribute(path) or "")
     return int(match.group(1)) if match else None
 
 
 def _rate(path: Path) -> float | None:
     """ "400 Gb/sec (4X NDR)" -> 4e11; "2.5 Gb/sec (1X SDR)" -> 2.5e9."""
-    match = _RATE.match(_text(path) or "")
+    match = _RATE.match(read_attribute(path) or "")
     return float(match.group(1)) * 1e9 if match else None
 
 
 def _netdev(port_dir: Path) -> str:
     """The Ethernet interface behind a RoCE port: gid_attrs/ndevs/0 names it (sysfs-class-infiniband)."""
-    return (_text(port_dir / "gid_attrs" / "ndevs" / "0") or "").strip()
+    return read_attribute(port_dir / "gid_attrs" / "ndevs" / "0") or ""
 
 
 def _pci_path(device_link: Path) -> tuple[str, ...]:
