@@ -25,6 +25,9 @@ class NvmlSection:
     # Serve each SM pipe's activity (gpuwatch_gpu_pipe_active_ratio{pipe}, and gpuwatch_gpu_active_cycles_total for
     # the pipes beyond sm and tensor): 8 to 16 series a GPU with GPM. sm and tensor activity are served either way.
     gpm_per_pipe: bool = False
+    # Serve the video engines' clock (gpuwatch_gpu_clock_hertz{clock="video"}, NVDEC/NVENC's): 1 series a GPU that
+    # no rule, board or page reads; a transcoding node may want it.
+    video_clock: bool = False
 
     def problems(self) -> Iterator[tuple[str, str]]:
         return iter(())

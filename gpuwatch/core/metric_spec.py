@@ -32,6 +32,7 @@ class ExportDetail:
 
     nvlink_per_link: frozenset[str] = frozenset()  # vendors whose every link is served per link ([nvml], [amdsmi])
     per_pipe: bool = False  # every SM pipe's activity (NVIDIA GPM), [nvml] gpm_per_pipe
+    video_clock: bool = False  # the video engines' clock (NVIDIA), [nvml] video_clock
     # [compat] dcgm: what its mapping (gpuwatch/exposition/dcgm_fields.py) reads is served whole, as before the
     # budget, so dcgm-exporter's names answer what they answered (a field absent where its source was cut would not).
     dcgm: bool = False

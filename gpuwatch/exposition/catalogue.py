@@ -77,7 +77,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     _m("gpuwatch_collector_success", "gauge", ("collector",), "1 when the collector's last run succeeded."),
     _m("gpuwatch_collector_duration_seconds", "gauge", ("collector",), "How long the collector's last run took."),
-    _m("gpuwatch_collector_errors_total", "counter", ("collector",), "Failed collector runs."),
+    _m(
+        "gpuwatch_collector_errors_total",
+        "counter",
+        ("collector",),
+        "Failed collector runs, from the first (gpuwatch_collector_success is each run's outcome).",
+    ),
     _m(
         "gpuwatch_collector_last_run_timestamp_seconds",
         "gauge",
@@ -100,7 +105,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_clock_hertz",
         "gauge",
         (*GPU, "clock"),
-        "Current clock: sm, memory, video; graphics where it differs from sm (NVIDIA's are one clock).",
+        "Current clock: sm, memory; graphics where it differs from sm (NVIDIA's are one clock); video with [nvml] "
+        "video_clock.",
     ),
     _m(
         "gpuwatch_gpu_clock_max_hertz",

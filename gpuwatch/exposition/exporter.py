@@ -81,6 +81,7 @@ def export_detail(config: Config) -> ExportDetail:
     return ExportDetail(
         nvlink_per_link=frozenset(per_link),
         per_pipe=config.section(NvmlSection).gpm_per_pipe or config.compat.dcgm,
+        video_clock=config.section(NvmlSection).video_clock or config.compat.dcgm,
         dcgm=config.compat.dcgm,
     )
 
@@ -195,12 +196,14 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
         ran = status.success is not None
         # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
         last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
+        # Failures are counted from the first: no rule reads the count (gpuwatch_collector_success is each run's
+        # outcome, GpuwatchCollectorFailing's), so a healthy node serves no zeros for it (the series budget).
         out.add_row(
             _COLLECTOR,
             (name,),
             (
                 status.interval_seconds,
-                status.errors_total,
+                status.errors_total or None,
                 status.success,
                 status.duration_seconds if ran else None,
                 last_run,
@@ -338,6 +341,8 @@ def _readings(
     clocks = s.clock_hertz
     if not whole and "graphics" in clocks and clocks.get("graphics") == clocks.get("sm"):  # NVIDIA: one clock
         clocks = {k: v for k, v in clocks.items() if k != "graphics"}
+    if not detail.video_clock and "video" in clocks:  # opt-in: [nvml] video_clock
+        clocks = {k: v for k, v in clocks.items() if k != "video"}
     each("gpuwatch_gpu_clock_hertz", gpu, clocks)
     maxima = s.clock_max_hertz
     each(
