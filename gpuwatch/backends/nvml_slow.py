@@ -164,8 +164,10 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
             _fabric_health(int(info.healthMask), int(getattr(info, "healthSummary", 0)), sample)
 
     def _read_nvlinks(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """State and error counters of the links found in the static tier (absent links were never kept)."""
+        """State and error counters of the links found in the static tier (absent links were never kept): those are
+        the links the GPU has, its expected ones."""
         lib = self._lib
+        sample.nvlink_expected = len(gpu.nvlinks) or None
         for link in gpu.nvlinks:
             label = str(link)
             if (state := self._call(gpu, "nvmlDeviceGetNvLinkState", link)) is not None:
