@@ -43,8 +43,9 @@ def test_a_healthy_hgx_node_serves_at_most_700_series_nics_excluded(tmp_path: Pa
     for included in ("gpuwatch_gpu_health", "gpuwatch_gpu_recommended_action", "gpuwatch_probe_compute_errors_total"):
         assert families[included] == GPUS, included
     assert families["gpuwatch_gpu_nvlinks_up"] == families["gpuwatch_gpu_nvlinks_expected"] == GPUS
-    # The NICs' series, stated beside the budget: every port serves the same families.
-    assert families["gpuwatch_network_port_up"] == PORTS and nics % PORTS == 0
+    # The NICs' series, stated beside the budget: 16 a port, the RoCE port's carrier downs one more.
+    assert families["gpuwatch_network_port_up"] == PORTS and families["gpuwatch_network_port_carrier_down_total"] == 1
+    assert nics == 16 * PORTS + 1
     # docs/cost-and-sizing.md states both figures as measured here.
     text = DOCS.read_text()
     stated = re.search(r"\*\*(\d[\d,]*) series\*\* by default, NICs excluded; the (\d+) NICs? add \*\*(\d+)\*\*", text)
