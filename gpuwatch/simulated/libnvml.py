@@ -341,7 +341,7 @@ class _Driver(GpmFunctions, MigFunctions):
         self, names: tuple[str, ...], device: int | None = None, *, about: int | None = None
     ) -> tuple[int, MigDevice | None]:
         """The gate for a call that takes a GPU's handle or a MIG device's: (the GPU's index, the MIG device or
-        None). A MIG device handle whose instance is gone is InvalidArgument (nvml.h line 13420: it "would remain
+        None). A MIG device handle whose instance is gone is InvalidArgument (nvml.h line 13421: it "would remain
         invalid and must be requested again")."""
         return self._gate(names, device or 0, about)
 

@@ -277,7 +277,7 @@ def create(state: MigState, spec: MigInstanceSpec, *, now: float, pid: int) -> G
 
 def destroy(state: MigState, gi_id: int) -> None:
     """Destroy a GPU instance and its compute instances; ValueError when it has none of that ID or a process runs in
-    it (nvml.h nvmlGpuInstanceDestroy, line 13014: NVML_ERROR_IN_USE "if processes ... are active")."""
+    it (nvml.h nvmlGpuInstanceDestroy, line 13010: NVML_ERROR_IN_USE "if processes ... are active")."""
     gi = state.instances.get(gi_id)
     if gi is None:
         raise ValueError(f"no GPU instance {gi_id} (there are {sorted(state.instances)})")

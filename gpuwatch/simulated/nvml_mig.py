@@ -6,7 +6,7 @@ A MIG device handle is an nvmlDevice_t like a GPU's (line 13337: "A MIG device h
 to a MIG compute instance ... can be used (with some restrictions) interchangeably with a GPU device handle"): the
 address of a small block of memory the library keeps per MIG device for its lifetime, so a second look-up gives an
 identical handle (line 4818) and a destroyed instance's handle answers InvalidArgument ("the MIG device handle would
-remain invalid and must be requested again", line 13420). GPU instance and compute instance handles
+remain invalid and must be requested again", line 13421). GPU instance and compute instance handles
 (nvmlGpuInstance_t, nvmlComputeInstance_t) are made the same way. Which calls take a MIG device handle, and what the
 others answer on one, is libnvml.py's gate (`_Driver._enter`): the calls whose nvml.h entry names "the device handle or
 MIG device handle" answer for the instance, every other device call answers NotSupported.
@@ -261,7 +261,7 @@ class MigFunctions:
     def _profile(
         self, name: str, device: int, *, profile: int | None = None, profile_id: int | None = None
     ) -> GpuInstanceProfile:
-        """A GPU instance profile by enum (InvalidArgument past NVML_GPU_INSTANCE_PROFILE_COUNT: line 12810, "invoking
+        """A GPU instance profile by enum (InvalidArgument past NVML_GPU_INSTANCE_PROFILE_COUNT: line 12811, "invoking
         it on profile values starting from 0, until the API returns NVML_ERROR_INVALID_ARGUMENT"; NotSupported for one
         an H100 lacks) or by ID (InvalidArgument for an ID it lacks)."""
         index = self._enter((name,), device, needs_device=True)
@@ -293,7 +293,7 @@ class MigFunctions:
 
     @_export(_P, c_uint, _P)
     def nvmlDeviceGetGpuInstanceById(self, device: int, gi_id: int, out: int) -> None:
-        """Lines 13040-13061: NotFound "if the GPU instance is not found"."""
+        """Lines 13040-13059: NotFound "if the GPU instance is not found"."""
         index = self._enter(("nvmlDeviceGetGpuInstanceById",), device, needs_device=True)
         gi = self._enabled_view(index).gpu_instance(gi_id)
         if gi is None:
@@ -302,7 +302,7 @@ class MigFunctions:
 
     @_export(_P, _P)
     def nvmlGpuInstanceGetInfo(self, gpu_instance: int, out: int) -> None:
-        """Lines 13063-13076, nvmlGpuInstanceInfo_t lines 12631-12637: the parent device, the ID, the profile ID and
+        """Lines 13061-13076, nvmlGpuInstanceInfo_t lines 12631-12637: the parent device, the ID, the profile ID and
         the placement (first memory slice, memory slices)."""
         gpu, gi = self._gpu_instance("nvmlGpuInstanceGetInfo", gpu_instance)
         info = _struct(out, nvmlGpuInstanceInfo_t)
@@ -315,7 +315,7 @@ class MigFunctions:
     # --- compute instances ------------------------------------------------------------------------------------
     @_export(_P, c_uint, c_uint, _P)
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: int, profile: int, engines: int, out: int) -> None:
-        """Lines 13078-13101 (the unversioned struct)."""
+        """Lines 13078-13103 (the unversioned struct)."""
         info = _struct(out, nvmlComputeInstanceProfileInfo_t)
         _fill_compute_instance_profile(
             info, *self._ci_profile("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, profile, engines)
@@ -323,7 +323,7 @@ class MigFunctions:
 
     @_export(_P, c_uint, c_uint, _P)
     def nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, gi: int, profile: int, engines: int, out: int) -> None:
-        """Lines 13103-13134: versioned, with the profile's name (`MIG 1c.3g.40gb`; `MIG 3g.40gb` for the whole)."""
+        """Lines 13105-13137: versioned, with the profile's name (`MIG 1c.3g.40gb`; `MIG 3g.40gb` for the whole)."""
         found, slices = self._ci_profile("nvmlGpuInstanceGetComputeInstanceProfileInfoV", gi, profile, engines)
         info = _struct(out, nvmlComputeInstanceProfileInfo_v2_t)
         if info.version != c.nvmlComputeInstanceProfileInfo_v2:
