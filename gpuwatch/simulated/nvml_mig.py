@@ -1,5 +1,5 @@
 """MIG in the simulated libnvidia-ml: MIG device handles, GPU and compute instances, as nvml.h's "Multi Instance GPU
-Management" group documents them (go-nvml gen/nvml/nvml.h, NVML 13.3.29, lines 12472-13461; line numbers below are
+Management" group documents them (go-nvml gen/nvml/nvml.h, NVML 13.3.29, lines 12474-13461; line numbers below are
 that file's).
 
 A MIG device handle is an nvmlDevice_t like a GPU's (line 13337: "A MIG device handle is an NVML abstraction which maps
