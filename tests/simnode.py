@@ -67,14 +67,22 @@ class SimAgent:
         probe: dict[str, object] | None = None,
         vendor: str = "nvidia",
         boot: int = 0,
+        nvlink: bool = False,
+        sections: dict[str, dict[str, object]] | None = None,
         **config: object,
     ) -> None:
         self.clock = FakeClock()
         self.node = SimulatedNode(
-            scenario=scenario, gpus=gpus, vendor=vendor, clock=self.clock.mono, wall_clock=self.clock.wall
+            scenario=scenario,
+            gpus=gpus,
+            vendor=vendor,
+            clock=self.clock.mono,
+            wall_clock=self.clock.wall,
+            nvlink=nvlink,  # an HGX node: 18 NVLinks per GPU, NVSwitches, a NIC per GPU
         )
         overrides: dict[str, dict[str, object]] = {
-            "agent": {"backend": "simulated", "state_dir": str(state_dir), **config}
+            **(sections or {}),  # other sections of the configuration, e.g. {"nvml": {"nvlink_per_link": True}}
+            "agent": {"backend": "simulated", "state_dir": str(state_dir), **config},
         }
         if probe is not None:
             overrides["probe"] = probe

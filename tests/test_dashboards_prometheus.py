@@ -49,9 +49,12 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("dash-e2e")
     targets = tmp / "targets.json"
     port_base = free_port_range(NODES)
-    # Probes often enough to learn baselines within the test; a configured limit so its panel has data.
+    # Probes often enough to learn baselines within the test; a configured limit so its panel has data; each SM pipe
+    # (opt-in detail) so the pipes' panel has data.
     fleet_config = tmp / "fleet.toml"
-    fleet_config.write_text("[probe]\ninterval_seconds = 3.0\n[gpus]\npower_limit_watts = 700\n")
+    fleet_config.write_text(
+        "[probe]\ninterval_seconds = 3.0\n[gpus]\npower_limit_watts = 700\n[nvml]\ngpm_per_pipe = true\n"
+    )
     fleet = subprocess.Popen(
         [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", str(NODES), "--gpus", "8"]
         + ["--port-base", str(port_base), "--targets", str(targets), "--poll-interval", "1"]

@@ -35,6 +35,11 @@ Series = dict[tuple[str, str], tuple[dict[str, str], float]]  # (DCGM name, gpu)
 MIB_SHIFT = 20
 
 
+# The agents run with [compat] dcgm on, as a node serving DCGM's names does: it serves whole what the mapping reads
+# (gpuwatch.core.metric_spec.ExportDetail.dcgm; tests/test_dcgm_compat_budget.py holds it to before the budget).
+DCGM_ON: dict[str, dict[str, object]] = {"compat": {"dcgm": True}}
+
+
 def _compat(**kwargs: Any) -> CompatSection:
     return CompatSection(dcgm=True, **kwargs)
 
@@ -55,7 +60,13 @@ def dcgm_series(sim: SimAgent, accept: str = "") -> Series:
 def sim_and_nvml(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[SimAgent, ModuleType]]:
     """A SimAgent of the scenario `request.param` after 12 polls (every tier every poll), and the real pynvml over
     the same simulated node, read at the moment of the last poll."""
-    sim = SimAgent(tmp_path, scenario=request.param, probe={"interval_seconds": 0}, slow_poll_interval_seconds=1.0)
+    sim = SimAgent(
+        tmp_path,
+        scenario=request.param,
+        probe={"interval_seconds": 0},
+        sections=DCGM_ON,
+        slow_poll_interval_seconds=1.0,
+    )
     try:
         sim.run(12.0)
         nvml = simulated_pynvml(sim.node)
@@ -145,7 +156,7 @@ def test_xid_gauge_is_the_last_xid_with_its_code(tmp_path: Path) -> None:
     """DCGM_FI_DEV_XID_ERRORS' value is the code of the last XID, not a count (h:819, "The value is the specific
     XID error"), with err_code/err_msg (gpu_collector.go:324-332); absent on a GPU that has had none (DCGM:
     "No data is available", NVIDIA/DCGM#141). The xid scenario: GPU 2 logs XID 13 at 2 s, then 79 at 5 s."""
-    sim = SimAgent(tmp_path, scenario="xid", probe={"interval_seconds": 0})
+    sim = SimAgent(tmp_path, scenario="xid", probe={"interval_seconds": 0}, sections=DCGM_ON)
     try:
         sim.run(3.0)
         first = dcgm_series(sim)
@@ -162,7 +173,7 @@ def test_xid_gauge_is_the_last_xid_with_its_code(tmp_path: Path) -> None:
 
 def test_compat_renders_byte_for_byte_as_the_library(tmp_path: Path) -> None:
     """The DCGM counters are `unknown` families (untyped in text): the fast encoder writes them as the library."""
-    sim = SimAgent(tmp_path, scenario="mixed", probe={"interval_seconds": 0})
+    sim = SimAgent(tmp_path, scenario="mixed", probe={"interval_seconds": 0}, sections=DCGM_ON)
     try:
         sim.run(4.0)
         collector = SnapshotExporter(sim.agent.store, dcgm_extension(_compat(), environ={}, gethostname=str))
@@ -177,7 +188,7 @@ def test_compat_renders_byte_for_byte_as_the_library(tmp_path: Path) -> None:
 def test_series_per_gpu_of_a_healthy_node(tmp_path: Path) -> None:
     """The cost docs/cost-and-sizing.md states: 42 DCGM series per healthy GPU without GPM data (no XID yet); the 11
     GPM fields add 11 where GPM data is exported (53: measured on this branch merged with branch gpm)."""
-    sim = SimAgent(tmp_path, scenario="healthy", probe={"interval_seconds": 0})
+    sim = SimAgent(tmp_path, scenario="healthy", probe={"interval_seconds": 0}, sections=DCGM_ON)
     try:
         sim.run(4.0)
         series = dcgm_series(sim)
@@ -316,7 +327,7 @@ def test_a_reload_keeps_the_running_compat_and_says_so(caplog: pytest.LogCapture
 def test_amd_gpus_get_the_fields_whose_meaning_holds(tmp_path: Path) -> None:
     """The mapping reads gpuwatch's vendor-neutral families, so an AMD node (the real amdsmi package over the
     simulated libamd_smi) gets the same fields in the same units, its device label `amd` + index."""
-    sim = SimAgent(tmp_path, scenario="busy", gpus=2, vendor="amd", probe={"interval_seconds": 0})
+    sim = SimAgent(tmp_path, scenario="busy", gpus=2, vendor="amd", probe={"interval_seconds": 0}, sections=DCGM_ON)
     try:
         sim.run(4.0)
         series = dcgm_series(sim)
@@ -336,7 +347,7 @@ def test_thermal_violation_is_nvmls_thermal_policy_counter_not_the_sw_thermal_re
     """From R580.82 NVML counts software thermal slowdown on its own (field 269), and gpuwatch's sw_thermal reads it;
     DCGM_FI_DEV_THERMAL_VIOLATION stays field 75, NVML_FI_DEV_PERF_POLICY_THERMAL (dcgmlib/src/dcgm_fields.cpp
     2383-2388). With the two counters apart on GPU 0, the DCGM field is 75's, in ns."""
-    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, probe={"interval_seconds": 0})
+    sim = SimAgent(tmp_path, scenario="healthy", gpus=2, probe={"interval_seconds": 0}, sections=DCGM_ON)
     try:
         ull = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         sim.node.faults.field(75, value=7_000_000_000, value_type=ull, gpu=0)

@@ -61,6 +61,15 @@ def diag(
     return done.returncode, (json.loads(out) if out.strip() else None), done.stderr.decode(), wall
 
 
+def tool_on_path(tmp_path: Path, name: str, script: str) -> dict[str, str]:
+    """An environment whose PATH finds `name` first: a shell script standing in for a vendor's tool."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(script)
+    (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def results(doc: dict[str, Any]) -> dict[int, dict[str, tuple[str, str]]]:
     return {g["index"]: {t["name"]: (t["result"], t["detail"]) for t in g["tests"]} for g in doc["gpus"]}
 
@@ -201,14 +210,10 @@ DCGM_JSON = {
 
 
 def test_dcgmi_diag_is_folded_in_per_gpu_where_it_is_installed(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     calls = tmp_path / "dcgmi-calls"
-    (bin_dir / "dcgmi").write_text(
-        f"#!/bin/sh\necho \"$@\" >> {calls}\ncat <<'EOF'\n{json.dumps(DCGM_JSON)}\nEOF\nexit 226\n"
+    env = tool_on_path(
+        tmp_path, "dcgmi", f"#!/bin/sh\necho \"$@\" >> {calls}\ncat <<'EOF'\n{json.dumps(DCGM_JSON)}\nEOF\nexit 226\n"
     )
-    (bin_dir / "dcgmi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     code, doc, err, _ = diag(tmp_path / "state", "--gpus", "2", env=env)
     assert code == 1, err
     assert doc is not None
@@ -269,17 +274,15 @@ RVS_JSON = {
 
 
 def test_rvs_is_folded_in_per_gpu_on_an_amd_node(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     calls = tmp_path / "rvs-calls"
     # Writes its JSON where -j says, as rvs does, and prints only the log file's name (as with --quiet).
-    (bin_dir / "rvs").write_text(
+    env = tool_on_path(
+        tmp_path,
+        "rvs",
         f"#!/bin/sh\necho \"$@\" >> {calls}\nout=''\nwhile [ $# -gt 0 ]; do\n"
         '  if [ "$1" = -j ]; then out="$2"; fi\n  shift\ndone\n'
-        f'cat > "$out" <<\'EOF\'\n{json.dumps(RVS_JSON)}\nEOF\necho "json log file is $out"\nexit 1\n'
+        f'cat > "$out" <<\'EOF\'\n{json.dumps(RVS_JSON)}\nEOF\necho "json log file is $out"\nexit 1\n',
     )
-    (bin_dir / "rvs").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     code, doc, err, _ = diag(tmp_path / "state", "--vendor", "amd", "--gpus", "2", "--level", "2", env=env)
     assert code == 1, err
     assert doc is not None
@@ -293,11 +296,7 @@ def test_rvs_is_folded_in_per_gpu_on_an_amd_node(tmp_path: Path) -> None:
 
 
 def test_rvs_without_its_json_is_a_skip_with_its_words(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "rvs").write_text("#!/bin/sh\necho 'Error: unknown option -r' >&2\nexit 255\n")
-    (bin_dir / "rvs").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = tool_on_path(tmp_path, "rvs", "#!/bin/sh\necho 'Error: unknown option -r' >&2\nexit 255\n")
     _, doc, err, _ = diag(tmp_path / "state", "--vendor", "amd", "--gpus", "1", env=env)
     assert doc is not None, err
     result, detail = results(doc)[0]["rvs"]

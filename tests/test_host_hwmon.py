@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpuwatch.core.model import HostSample
 from gpuwatch.files.sensormap import load_sensor_maps
-from gpuwatch.readers import hwmon as hwmon_module
+from gpuwatch.readers import sysfs as sysfs_module
 from gpuwatch.readers.hwmon import HwmonReader
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,8 +261,9 @@ def test_vbat_vcore_and_dimm_rails_never_count_even_on_labelled_chips(tmp_path: 
 
 
 class _FailingOs:
-    """`os` as hwmon.py sees it, the kernel failing the `broken` files as sysfs does: a root-only file at open
-    (EACCES), a driver whose show() fails at read (EIO, ENODATA: Documentation/filesystems/sysfs.rst)."""
+    """`os` as the sysfs reader (gpuwatch/readers/sysfs.py) sees it, the kernel failing the `broken` files as sysfs
+    does: a root-only file at open (EACCES), a driver whose show() fails at read (EIO, ENODATA:
+    Documentation/filesystems/sysfs.rst)."""
 
     def __init__(self, broken: set[str], code: int) -> None:
         self.broken, self.code, self.failing = broken, code, set[int]()
@@ -294,7 +295,7 @@ def test_an_unreadable_file_skips_that_sensor_only(tmp_path: Path, monkeypatch: 
     root = server_tree(tmp_path)
     baseline = HwmonReader(root).read()
     broken = {"hwmon3/in2_input", "hwmon1/temp2_input", "hwmon4/fan1_input", "hwmon4/in2_min"}
-    monkeypatch.setattr(hwmon_module, "os", _FailingOs(broken, code))
+    monkeypatch.setattr(sysfs_module, "os", _FailingOs(broken, code))  # where hwmon's attribute reads happen
     sample = HwmonReader(root).read()
     assert set(volts(baseline)) - set(volts(sample)) == {("pmbus-i2c-7-58", "vout1")}
     assert set(temps(baseline)) - set(temps(sample)) == {("coretemp-isa-0000", "Core 0")}

@@ -23,6 +23,7 @@ from gpuwatch.simulated.bindings import load_module_copy, simulated_pynvml
 from gpuwatch.simulated.libnvml import ERROR_STRINGS, PROTOTYPES
 from gpuwatch.simulated.nvml_structs import (
     BINDING_NAMES,
+    MISLAID_IN_OLDEST,
     NEWER_BINDING_NAMES,
     nvmlGpmMetric_t,
     nvmlGpmMetricsGetHeader_t,
@@ -55,6 +56,9 @@ def test_structs_are_laid_out_as_the_bindings_structs(release: Path) -> None:
             assert not hasattr(module, name), f"{name} is in {OLDEST} after all: drop it from NEWER_BINDING_NAMES"
             continue
         theirs = getattr(module, name)
+        if name in MISLAID_IN_OLDEST and f"nvidia-ml-py-{OLDEST}" in str(release):
+            assert ctypes.sizeof(ours) != ctypes.sizeof(theirs), f"{name} fixed in {OLDEST}: drop MISLAID_IN_OLDEST"
+            continue
         assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), name
         for field_name, *_ in theirs._fields_:
             assert getattr(ours, field_name).offset == getattr(theirs, field_name).offset, (name, field_name)
@@ -215,7 +219,8 @@ def test_fabric_info_answers_versions_2_and_3_and_the_backend_reads_what_each_re
     """nvmlDeviceGetGpuFabricInfoV takes nvmlGpuFabricInfo_v2 (0x02000024: the health mask) or _v3 (0x3000028: and
     healthSummary), other versions ArgumentVersionMismatch (nvidia-ml-py 13.615.71 pynvml.py 7260-7290). The mask
     packs two-bit fields, NOT_SUPPORTED 0 / TRUE 1 / FALSE 2: DEGRADED_BW at shift 0, ROUTE_RECOVERY 2,
-    ROUTE_UNHEALTHY 4, ACCESS_TIMEOUT_RECOVERY 6, and INCORRECT_CONFIGURATION's four bits at 8 (NONE 1)."""
+    ROUTE_UNHEALTHY 4, ACCESS_TIMEOUT_RECOVERY 6, and INCORRECT_CONFIGURATION's four bits at 8 (NONE 1) (nvml.h,
+    NVIDIA/go-nvml pkg/nvml/nvml.h 3845-3896 at 2f9e261)."""
     node = SimulatedNode("fabric_degraded", gpus=4)
     lib = simulated_pynvml(node, binding=release)
     lib.nvmlInit()
@@ -253,6 +258,61 @@ def test_fabric_info_answers_versions_2_and_3_and_the_backend_reads_what_each_re
     # The oldest release has no v3 struct: the backend reads the mask alone, and no summary condition.
     summary = {"unhealthy": False, "limited_capacity": True} if f"nvidia-ml-py-{OLDEST}" not in str(release) else {}
     assert faulted is not None and faulted.fabric_health == {**mask_conditions, **summary}
+
+
+def _fabric_sample(release: Path, index: int, **library: Any) -> GpuSample:
+    """GPU `index` of a fabric_degraded node as the backend reads it on a slow poll, over `library`'s driver."""
+    backend = NvmlBackend(simulated_pynvml(SimulatedNode("fabric_degraded", gpus=4), binding=release, **library))
+    backend.open()
+    try:
+        sample = next(r.sample for r in backend.poll(slow=True) if r.identity.index == index)
+    finally:
+        backend.close()
+    assert sample is not None
+    return sample
+
+
+def test_a_driver_before_580_refuses_version_3_and_the_backend_reads_the_mask(release: Path) -> None:
+    """nvmlGpuFabricInfo_v3 came with nvml.h 13.0 (driver 580): a 570 driver answers ArgumentVersionMismatch to it
+    and version 2 as before; the backend falls back and reads the mask's conditions, no summary."""
+    lib = simulated_pynvml(SimulatedNode("fabric_degraded", gpus=4), binding=release, driver_version="570.172.08")
+    lib.nvmlInit()
+    try:
+        if hasattr(lib, "c_nvmlGpuFabricInfo_v3_t"):
+            with pytest.raises(lib.NVMLError_ArgumentVersionMismatch):
+                lib.nvmlDeviceGetGpuFabricInfoV(
+                    lib.nvmlDeviceGetHandleByIndex(0), ctypes.byref(lib.c_nvmlGpuFabricInfo_v3_t())
+                )
+    finally:
+        lib.nvmlShutdown()
+    sample = _fabric_sample(release, 2, driver_version="570.172.08")
+    assert sample.fabric_healthy is True
+    assert sample.fabric_health["degraded_bandwidth"] is True and "limited_capacity" not in sample.fabric_health
+
+
+def test_a_driver_without_the_versioned_call_is_read_by_the_unversioned_one(release: Path) -> None:
+    """Drivers 525-545 (R535 among them) have nvmlDeviceGetGpuFabricInfo and not ...InfoV (NVML 12.4): the
+    registration state is read from nvmlGpuFabricInfo_t (nvml.h 3834-3840: 28 bytes, state an unsigned char) into
+    the backend's own struct, since 12.570.86's binding lays it out wrong; no health conditions are invented."""
+    lib = simulated_pynvml(SimulatedNode("fabric_degraded", gpus=4), binding=release)
+    lib.nvmlInit()
+    try:
+        if f"nvidia-ml-py-{OLDEST}" not in str(release):
+            info = lib.c_nvmlGpuFabricInfo_t()
+            lib.nvmlDeviceGetGpuFabricInfo(lib.nvmlDeviceGetHandleByIndex(1), ctypes.byref(info))
+            assert (info.state, info.status) == (lib.NVML_GPU_FABRIC_STATE_COMPLETED, lib.NVML_SUCCESS)
+    finally:
+        lib.nvmlShutdown()
+    old = {"driver_version": "535.261.03", "missing_symbols": {"nvmlDeviceGetGpuFabricInfoV"}}
+    sample = _fabric_sample(release, 2, **old)
+    assert sample.fabric_healthy is True and sample.fabric_health == {}
+    pcie = NvmlBackend(simulated_pynvml(SimulatedNode("healthy", gpus=1), binding=release, **old))  # no NVLink
+    pcie.open()
+    try:
+        plain = pcie.poll(slow=True)[0].sample
+        assert plain is not None and plain.fabric_healthy is None  # state NOT_SUPPORTED: no fabric, no series
+    finally:
+        pcie.close()
 
 
 def test_an_incorrect_fabric_configuration_is_named() -> None:

@@ -95,6 +95,56 @@ def test_ports_read_as_the_kernel_writes_them(node: Path) -> None:
     assert roce.link_layer == "Ethernet" and roce.netdev == "ens9np0" and roce.rate_bits_per_second == 200e9
 
 
+FIXTURES = Path(__file__).parent / "fixtures" / "rdma"  # its README.md cites where each file and value comes from
+
+
+def test_a_connectx7_on_infiniband_ndr_reads_as_its_tree_shows() -> None:
+    (port,) = read_ports(FIXTURES / "cx7-ib-ndr")
+    assert (port.device, port.port, port.state, port.phys_state, port.up) == ("mlx5_0", "1", 4, 5, True)
+    assert (port.rate_bits_per_second, port.link_layer, port.netdev, port.carrier_down) == (
+        400e9,
+        "InfiniBand",
+        "",
+        None,
+    )
+    assert port.link_downed == 1
+    assert port.errors == {
+        "symbol_error": 65535,
+        "link_error_recovery": 2,
+        "port_rcv_errors": 0,
+        "port_rcv_remote_physical_errors": 0,
+        "port_xmit_discards": 0,
+        "local_link_integrity_errors": 0,
+        "excessive_buffer_overrun_errors": 0,
+        "out_of_buffer": 0,
+        "out_of_sequence": 1,
+        "packet_seq_err": 1,
+        "local_ack_timeout_err": 131,
+    }
+    assert port.saturated == ("symbol_error",)  # 16 bits (sysfs.c's PORT_PMA_ATTR width): it counts no more
+    gpu = pci_path_of("00000000:18:00.0", FIXTURES / "cx7-ib-ndr")
+    assert nearest_gpu(port.pci_path, {"0": gpu}) == "0"
+
+
+def test_a_connectx6dx_roce_port_is_down_with_its_interface_and_counts_its_carrier_losses() -> None:
+    (port,) = read_ports(FIXTURES / "cx6dx-roce")
+    assert (port.device, port.state, port.phys_state, port.up) == ("mlx5_1", 1, 3, False)
+    assert (port.link_layer, port.netdev, port.carrier_down) == ("Ethernet", "ens1f0np0", 2)
+    assert port.rate_bits_per_second == 100e9 and port.link_downed == 0
+    assert port.errors["local_ack_timeout_err"] == 131 and "roce_adp_retrans" not in port.errors  # not a link error
+
+
+def test_a_roce_interface_named_to_leave_class_net_is_not_read(tmp_path: Path) -> None:
+    """The interface's name comes from sysfs; one that would climb out of class/net reads as no carrier count."""
+    outside = tmp_path / "class" / "carrier_down_count"
+    outside.parent.mkdir(parents=True)
+    outside.write_text("7\n")
+    function = _function(tmp_path, "pci0000:00/0000:00:03.0", "0000:0e:00.0")
+    _port(tmp_path, "mlx5_1", function, {"state": "4: ACTIVE", "link_layer": "Ethernet", "gid_attrs/ndevs/0": ".."})
+    (port,) = read_ports(tmp_path)
+    assert port.netdev == ".." and port.carrier_down is None
+
+
 def test_each_nic_is_labelled_with_the_gpu_under_its_pcie_switch(node: Path) -> None:
     ib, roce = read_ports(node)
     gpus = {"0": pci_path_of("00000000:18:00.0", node), "1": pci_path_of("0000:2a:00.0", node)}  # NVML's form too
@@ -195,5 +245,28 @@ def test_ib_flapping_counts_each_drop_and_is_judged_as_the_rule_judges_it(tmp_pa
         assert "network port mlx5_2/1 (beside GPU 2) went down" in flapping and "times in 15 minutes" in flapping
         (errors,) = _findings(sim, "HostNetworkPortErrors")
         assert "link_error_recovery" in errors and "symbol_error" in errors  # 111 symbol errors: past 100
+    finally:
+        sim.close()
+
+
+def test_a_roce_port_whose_interface_keeps_losing_its_carrier_is_flapping(tmp_path: Path) -> None:
+    """RoCE: link_downed is the InfiniBand link's counter; the storage NIC's flaps show in its interface's
+    carrier_down_count (sysfs-class-net), exported as gpuwatch_network_port_carrier_down_total and judged as the
+    rule judges it (twice or more in 15 minutes)."""
+    sim = SimAgent(tmp_path, "fabric_degraded")  # an HGX node: its storage NIC mlx5_8 on RoCE
+    try:
+        sim.run(2)
+        labels = {"device": "mlx5_8", "port": "1", "gpu": ""}
+        assert _port_value(sim, "gpuwatch_network_port_carrier_down_total", **labels) == 0.0
+        assert _port_value(sim, "gpuwatch_network_port_carrier_down_total", device="mlx5_0", port="1", gpu="0") is None
+        sim.node.faults.lose_storage_carrier()
+        sim.run(16)
+        assert _findings(sim, "HostNetworkPortFlapping") == []  # once
+        sim.node.faults.lose_storage_carrier()
+        sim.run(16)
+        assert _port_value(sim, "gpuwatch_network_port_carrier_down_total", **labels) == 2.0
+        assert _port_value(sim, "gpuwatch_network_port_link_downed_total", **labels) == 0.0
+        (flapping,) = _findings(sim, "HostNetworkPortFlapping")
+        assert "network port mlx5_8/1" in flapping
     finally:
         sim.close()

@@ -187,15 +187,18 @@ def test_the_agent_exports_real_utilization_per_scenario(tmp_path: Path) -> None
         assert sim.value("gpuwatch_gpu_sm_active_ratio", 2) == 0.0
         assert sim.value("gpuwatch_gpu_utilization_ratio", 2) == 0.0
         assert sim.value("gpuwatch_gpu_sm_active_seconds_total", 2) == 0.0
-        assert sim.value("gpuwatch_gpu_pipe_active_ratio", 2, pipe="hmma") == 0.0
-        assert not [name for name, _ in sim.samples() if name == "gpuwatch_gpu_nvlink_bytes_total"]
+        assert sim.value("gpuwatch_gpu_pipe_active_ratio", 2, pipe="hmma") is None  # opt-in: [nvml] gpm_per_pipe
+        nvlink_bytes = ("gpuwatch_gpu_nvlink_bytes_total", "gpuwatch_gpu_nvlinks_bytes_total")
+        assert not [name for name, _ in sim.samples() if name in nvlink_bytes]
     finally:
         sim.close()
-    sim = SimAgent(tmp_path / "training", scenario="training", gpus=2)
+    sim = SimAgent(tmp_path / "training", scenario="training", gpus=2, sections={"nvml": {"gpm_per_pipe": True}})
     try:
         sim.run(3.0)
         tensor = sim.value("gpuwatch_gpu_tensor_active_ratio", 0)
         assert tensor is not None and tensor > 0.7
+        hmma = sim.value("gpuwatch_gpu_pipe_active_ratio", 0, pipe="hmma")  # asked for: each pipe
+        assert hmma is not None and hmma > 0.7 and sim.value("gpuwatch_gpu_pipe_active_ratio", 0, pipe="fp64") == 0.0
         seconds = sim.value("gpuwatch_gpu_tensor_active_seconds_total", 0)
         assert seconds is not None and 1.4 < seconds < 2.0  # two intervals of 1 s at ~0.78
     finally:

@@ -385,6 +385,9 @@ def _job_with_epilog(node: Cluster, gpus: int) -> str:
     )
     assert job.returncode == 0, job.stderr
     _until(lambda: log.exists() and log.read_text().count("exit=") > before.count("exit="), f"the epilog ({log})", 30)
+    # The epilog has written its last line, but the node stays COMPLETING until slurmd has told slurmctld it ended
+    # (a moment, longer on a loaded machine): the node's state is judged after that.
+    _until(lambda: "COMPLETING" not in node.node()[0].split("+"), "slurmctld to see the epilog end", 30)
     return log.read_text()[len(before) :]
 
 

@@ -191,8 +191,13 @@ def run_stack(tmp: Path) -> Iterator[Stack]:
     # cores CI has, and a starved fleet serves stale polls that flap the alerts. Only the slow GPU's node probes
     # often enough for its baseline and slowdown to show within the test; the rest probe now and then, enough for
     # the dashboards' probe panels.
-    (tmp / "fleet.toml").write_text(f"[probe]\ninterval_seconds = {RARE_PROBE_S}\n[gpus]\npower_limit_watts = 700\n")
-    (tmp / "slow-gpu-node.toml").write_text("[probe]\ninterval_seconds = 3.0\n[gpus]\npower_limit_watts = 700\n")
+    pipes = "[nvml]\ngpm_per_pipe = true\n"  # opt-in detail the node board's pipes panel reads
+    (tmp / "fleet.toml").write_text(
+        f"[probe]\ninterval_seconds = {RARE_PROBE_S}\n[gpus]\npower_limit_watts = 700\n{pipes}"
+    )
+    (tmp / "slow-gpu-node.toml").write_text(
+        f"[probe]\ninterval_seconds = 3.0\n[gpus]\npower_limit_watts = 700\n{pipes}"
+    )
     fleet_cmd = [sys.executable, "-m", "gpuwatch", "simulate-fleet", "--nodes", str(NODES), "--gpus", str(GPUS)]
     fleet_cmd += ["--port-base", str(base), "--targets", str(targets), "--poll-interval", "1"]
     fleet_cmd += ["--state-dir", str(tmp / "state"), "--config", str(tmp / "fleet.toml")]

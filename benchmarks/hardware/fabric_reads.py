@@ -5,7 +5,7 @@ the fabric manager, the RDMA ports, and MIG, beside what gpuwatch makes of it. R
 For each GPU: nvmlDeviceGetGpuFabricInfoV at version 3 (where the installed nvidia-ml-py has it) and version 2, raw
 (state, status, healthMask, healthSummary, or the NVML error: NotSupported is the vendor's answer on a GPU without a
 fabric), then gpuwatch's NVML backend's reading (fabric_healthy, fabric_health), and the MIG mode (only read: a
-disabled MIG is reported as such). For the node: NVSwitches on the PCI bus, nv-fabricmanager in the process table,
+disabled MIG is reported as such). For the node: NVSwitches on the PCI bus, nv-fabricmanager as the agent sees it,
 and every RDMA port gpuwatch's reader finds. `nvidia-smi -q`'s Fabric section is kept beside them. `--dry-run` reads
 the simulated HGX node of scenario fabric_degraded instead of the GPUs. Raw JSON to --out, a table to --markdown.
 """
@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gpuwatch.backends.nvml import NvmlBackend, load_pynvml  # noqa: E402
-from gpuwatch.readers.fabric_manager import process_running  # noqa: E402
+from gpuwatch.readers.fabric_manager import manager_state  # noqa: E402
 from gpuwatch.readers.pci import count_nvswitches  # noqa: E402
+from gpuwatch.readers.procfs import Procfs  # noqa: E402
 from gpuwatch.readers.rdma import read_ports  # noqa: E402
 
 
@@ -54,7 +55,8 @@ def read(dry_run: bool) -> dict[str, Any]:
         switches, manager, ports = node.nvswitch_count(), node.fabric_manager_running(), []
     else:
         lib = load_pynvml()
-        switches, manager, ports = count_nvswitches(), process_running(), read_ports()
+        state = manager_state(Procfs())  # as the agent reads it: the process table, else the API socket
+        switches, manager, ports = count_nvswitches(), state.running, read_ports()
     lib.nvmlInit()
     gpus = []
     try:

@@ -432,7 +432,8 @@ def node_detail() -> dict[str, Any]:
     )
     b.timeseries(
         "RDMA link drops and errors",
-        "Per interval: link drops (link_downed; two in 15 minutes is HostNetworkPortFlapping) and each error counter "
+        "Per interval: link drops (link_downed, a RoCE interface's carrier losses; two in 15 minutes is "
+        "HostNetworkPortFlapping) and each error counter "
         "that grew (HostNetworkPortErrors: any link integrity or receive error, symbol errors past 100 in 10 minutes).",
         "short",
         [
@@ -440,6 +441,11 @@ def node_detail() -> dict[str, Any]:
                 f"sum by (device, port) (increase(gpuwatch_network_port_link_downed_total{{{HOST_SEL}}}"
                 "[$__rate_interval]))",
                 "{{device}}/{{port}} link downed",
+            ),
+            Q(
+                f"sum by (device, port) (increase(gpuwatch_network_port_carrier_down_total{{{HOST_SEL}}}"
+                "[$__rate_interval]))",
+                "{{device}}/{{port}} carrier lost",
             ),
             Q(
                 f"sum by (device, port, type) (increase(gpuwatch_network_port_errors_total{{{HOST_SEL}}}"

@@ -122,7 +122,8 @@ def real_utilization_node(b: Board, s: str) -> None:
     b.timeseries(
         "Pipes at work",
         "Share of time each SM pipe ran, per GPU, for the pipes that did: hmma (FP16/BF16 tensor), imma (integer "
-        "tensor), dmma and dfma (FP64 tensor), fp64, fp32, fp16, integer.",
+        "tensor), dmma and dfma (FP64 tensor), fp64, fp32, fp16, integer. Served where the agent's [nvml] "
+        "gpm_per_pipe (or [compat] dcgm) asks for them.",
         "percentunit",
         [Q(f"max by (gpu, pipe) (gpuwatch_gpu_pipe_active_ratio{{{s}}}) > 0", GPU_LEGEND + " {{pipe}}")],
         min_val=0,
@@ -158,7 +159,7 @@ def real_utilization_node(b: Board, s: str) -> None:
         "Bps",
         [
             Q(
-                f"sum by (gpu, direction) (rate(gpuwatch_gpu_nvlink_bytes_total{{{s}}}[$__rate_interval]))",
+                f"sum by (gpu, direction) (rate(gpuwatch_gpu_nvlinks_bytes_total{{{s}}}[$__rate_interval]))",
                 GPU_LEGEND + " {{direction}}",
             )
         ],

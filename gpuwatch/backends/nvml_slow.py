@@ -23,6 +23,7 @@ from gpuwatch.backends.nvml_tables import (
     _REMAP_AVAILABILITY,
     _field_value,
     _FieldIds,
+    _GpuFabricInfoV1,
 )
 from gpuwatch.backends.tiered import TieredBackend, TieredGpu
 from gpuwatch.core.latch import Latch
@@ -138,8 +139,9 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
 
     def _read_fabric(self, gpu: _Gpu, sample: GpuSample) -> None:
         """NVSwitch systems: has the fabric manager registered this GPU, and how healthy is its fabric? Absent where
-        there is no fabric. Asks version 3 (the health summary) first and version 2 (the mask) of a driver or
-        binding without it; a mismatch is remembered, so each poll asks once."""
+        there is no fabric. Asks nvmlDeviceGetGpuFabricInfoV at version 3 (the health summary), then 2 (the mask),
+        then the unversioned nvmlDeviceGetGpuFabricInfo (registration alone) of a driver or binding without them;
+        a refusal (FunctionNotFound, ArgumentVersionMismatch, NotSupported) is remembered, so each poll asks once."""
         info = None
         for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfoV_t"):
             struct = getattr(self._lib, name, None)
@@ -150,16 +152,22 @@ class NvmlSlowTier(TieredBackend[_Gpu]):
                 info = candidate
                 break
         if info is None:
-            return
-        state = int(info.state)
+            unversioned = _GpuFabricInfoV1()
+            if self._call(gpu, "nvmlDeviceGetGpuFabricInfo", ctypes.byref(unversioned)) is None:
+                return
+            info = unversioned
+        state = int(info.state) & 0xFF  # an unsigned char in nvml.h; 13.615.71's pynvml reads four bytes
         if state == _FABRIC_STATE_NOT_SUPPORTED:
             return
         sample.fabric_healthy = state == _FABRIC_STATE_COMPLETED and int(info.status) == 0
-        _fabric_health(int(info.healthMask), int(getattr(info, "healthSummary", 0)), sample)
+        if hasattr(info, "healthMask"):
+            _fabric_health(int(info.healthMask), int(getattr(info, "healthSummary", 0)), sample)
 
     def _read_nvlinks(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """State and error counters of the links found in the static tier (absent links were never kept)."""
+        """State and error counters of the links found in the static tier (absent links were never kept): those are
+        the links the GPU has, its expected ones."""
         lib = self._lib
+        sample.nvlink_expected = len(gpu.nvlinks) or None
         for link in gpu.nvlinks:
             label = str(link)
             if (state := self._call(gpu, "nvmlDeviceGetNvLinkState", link)) is not None:

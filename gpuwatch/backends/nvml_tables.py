@@ -87,12 +87,15 @@ _THROTTLE_TIME_FIELDS_NEWEST = (269, 270, 271)
 
 # nvmlRowRemapperHistogramValues_t: banks by how many spare rows they have left.
 _REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
-# nvmlGpuFabricState_t
+# The NVLink fabric, as nvml.h lays it out: line numbers are NVIDIA/go-nvml pkg/nvml/nvml.h at 2f9e261 (NVML 13.x).
+# nvmlGpuFabricState_t, an unsigned char (3829): NOT_SUPPORTED 0 ... COMPLETED 3 (3821-3824).
 _FABRIC_STATE_NOT_SUPPORTED = 0
 _FABRIC_STATE_COMPLETED = 3
-# nvmlGpuFabricInfo_v2/_v3 healthMask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*; nvidia-ml-py 13.615.71 pynvml.py
-# 7206-7257): condition, shift and field mask. The two-bit fields read NOT_SUPPORTED 0, TRUE 1, FALSE 2. Their
-# WIDTH constants are 0x3 in 13.615.71 but 0x11 in 12.570.86's pynvml.py for the same two bits: the masks are ours.
+# nvmlGpuFabricInfo_v2/_v3 healthMask (3952, 3970): condition, SHIFT and WIDTH, each two bits whose values are
+# NOT_SUPPORTED 0, TRUE 1, FALSE 2: DEGRADED_BW (values 3845-3847, shift 0 and width 0x3 at 3849-3850),
+# ROUTE_RECOVERY (3855-3857; 2, 0x3 at 3859-3860), ROUTE_UNHEALTHY (3865-3867; 4, 0x3 at 3869-3870),
+# ACCESS_TIMEOUT_RECOVERY (3875-3877; 6, 0x3 at 3879-3880); read as NVML_GPU_FABRIC_HEALTH_GET does,
+# (mask >> SHIFT) & WIDTH (3921-3923). The masks are ours: 12.570.86's pynvml.py spells the WIDTHs 0x11.
 _FABRIC_HEALTH_FLAGS = (
     ("degraded_bandwidth", 0, 0x3),
     ("route_recovery", 2, 0x3),
@@ -100,7 +103,8 @@ _FABRIC_HEALTH_FLAGS = (
     ("access_timeout_recovery", 6, 0x3),
 )
 _FABRIC_TRUE, _FABRIC_FALSE = 1, 2
-# INCORRECT_CONFIGURATION: four bits at 8; NOT_SUPPORTED 0, NONE 1, else what is wrong.
+# INCORRECT_CONFIGURATION: shift 8, width 0xf (3895-3896); NOT_SUPPORTED 0, NONE 1, else what is wrong (3885-3893).
+# PARTITION_ASSIGNED (shift 12, 3901-3906) is a multi-node partition's, not a fault: not read.
 _FABRIC_CONFIGURATION_SHIFT, _FABRIC_CONFIGURATION_MASK = 8, 0xF
 _FABRIC_MISCONFIGURATIONS = {
     2: "incorrect system GUID",
@@ -111,8 +115,23 @@ _FABRIC_MISCONFIGURATIONS = {
     7: "invalid location",
     8: "GPU state invalid",
 }
-# healthSummary (v3): NOT_SUPPORTED 0, HEALTHY 1, UNHEALTHY 2, LIMITED_CAPACITY 3.
+# healthSummary (v3, an unsigned char, 3971): NOT_SUPPORTED 0, HEALTHY 1, UNHEALTHY 2, LIMITED_CAPACITY 3 (3911-3914).
 _FABRIC_SUMMARY = {1: None, 2: "unhealthy", 3: "limited_capacity"}
+
+
+class _GpuFabricInfoV1(ctypes.Structure):
+    """nvmlGpuFabricInfo_t (3834-3840), what nvmlDeviceGetGpuFabricInfo fills on drivers without the versioned call
+    (525-545: R535, a long-term branch of many HGX H100 nodes). Ours, not the binding's: nvidia-ml-py 12.570.86
+    sizes clusterUuid by NVML_DEVICE_UUID_BUFFER_SIZE (80, pynvml.py 5775) where nvml.h has
+    NVML_GPU_FABRIC_UUID_LEN (16), so its status and state sit past the 28 bytes the driver writes and read 0."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+    ]
+
 
 _CLOCKS = (
     ("sm", "NVML_CLOCK_SM"),

@@ -32,10 +32,15 @@ class FabricSection:
     SECTION: ClassVar[str] = "fabric"
 
     interval_seconds: float = 30.0
+    # Where the daemon's configuration names its API socket: the agent looks for that socket where it cannot see
+    # the daemon's process (hidepid, a PID namespace of its own).
+    manager_config: str = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not 1.0 <= self.interval_seconds <= 3600.0:
             yield "interval_seconds", f"must be between 1 and 3600 seconds, got {self.interval_seconds:g}"
+        if not self.manager_config.startswith("/"):
+            yield "manager_config", f"must be an absolute path such as the package's, got {self.manager_config!r}"
 
 
 SETTINGS = FabricSection
@@ -51,14 +56,16 @@ FAMILIES = (
         "gpuwatch_host_fabric_manager_running",
         "gauge",
         (),
-        "1 while nvidia-fabricmanager (nv-fabricmanager) runs, 0 when not; only on a node with NVSwitches.",
+        "1 while nvidia-fabricmanager (nv-fabricmanager) runs, 0 when not; only on a node with NVSwitches, and only "
+        "where the agent can tell (its process, or its API socket).",
     ),
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Fabric:
-    """What a run stores: the NVSwitches counted, and the daemon's state where they need it (None elsewhere)."""
+    """What a run stores: the NVSwitches counted, and the daemon's state where they need it (None elsewhere, and where
+    the agent cannot see it: no series then, rather than a guess that pages)."""
 
     nvswitches: int
     manager_running: bool | None
@@ -100,6 +107,16 @@ def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
         return [CheckLine("ok", "NVLink fabric", "no NVSwitch on the PCI bus: no fabric manager needed")]
     if fabric.manager_running:
         return [CheckLine("ok", "NVLink fabric", f"{fabric.nvswitches} NVSwitch(es); nv-fabricmanager runs")]
+    if fabric.manager_running is None:
+        return [
+            CheckLine(
+                "warn",
+                "NVLink fabric",
+                f"{fabric.nvswitches} NVSwitch(es) on the PCI bus; whether nv-fabricmanager runs cannot be seen here",
+                "run the agent in the host PID namespace (hostPID: true, --pid=host) or set workloads.procfs_root to "
+                "a mount of the host's /proc",
+            )
+        ]
     return [
         CheckLine(
             "warn",

@@ -6,8 +6,9 @@ every 15 s on its own job). Between runs it keeps, per port, whether it has been
 port that was up and went down is a port down: an unused port is not) and the rate it is expected to run at: the
 configured `network.expected_rate_gbps`, else the highest rate this port or any other port of the same link layer
 on the node has run at since the agent started (eight identical NICs: one that trained at half speed stands out).
-A port counts as having been up when the agent saw it up, or when its link_downed counter is above 0: the link came
-up and went down since the driver loaded, so a port already down when the agent starts is still a port down.
+A port counts as having been up when the agent saw it up, or when its link_downed counter (a RoCE interface's
+carrier_down_count) is above 0: the link came up and went down since the driver loaded, so a port already down when
+the agent starts is still a port down.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpuwatch.readers.rdma import RdmaPort, nearest_gpu, pci_path_of, read_ports
 log = logging.getLogger(__name__)
 
 PORT = ("device", "port", "gpu")
-FLAP_WINDOW_S = 900.0  # HostNetworkPortFlapping: link_downed grown twice or more in 15 minutes
+FLAP_WINDOW_S = 900.0  # HostNetworkPortFlapping: link_downed (RoCE: carrier_down) grown twice or more in 15 minutes
 FLAPS = 2
 ERROR_WINDOW_S = 600.0  # HostNetworkPortErrors: error counters grown in 10 minutes
 # The counters whose first count is an error worth a look, and symbol errors past their allowance (the rules' own).
@@ -93,6 +94,12 @@ FAMILIES = (
         "Times the port's link went down (link_downed): growing means a flapping link.",
     ),
     MetricSpec(
+        "gpuwatch_network_port_carrier_down_total",
+        "counter",
+        PORT,
+        "RoCE: times the port's network interface lost its carrier (carrier_down_count), its Ethernet link downs.",
+    ),
+    MetricSpec(
         "gpuwatch_network_port_counter_saturated",
         "gauge",
         (*PORT, "type"),
@@ -115,7 +122,7 @@ class PortView:
     gpu: str
     was_up: bool
     expected_rate_bits_per_second: float | None
-    flaps: int = 0  # link_downed's growth over the last 15 minutes of runs
+    flaps: int = 0  # link_downed's (RoCE: carrier_down's, where larger) growth over the last 15 minutes of runs
     error_growth: Mapping[str, int] = field(default_factory=dict)  # each counter's growth over the last 10 minutes
 
     @property
@@ -162,6 +169,8 @@ def export_node(part: NetworkPorts | None, out: SampleSink) -> None:
             out.add("gpuwatch_network_port_errors_total", (*labels, kind), count)
         if port.link_downed is not None:
             out.add("gpuwatch_network_port_link_downed_total", labels, port.link_downed)
+        if port.carrier_down is not None:
+            out.add("gpuwatch_network_port_carrier_down_total", labels, port.carrier_down)
         for kind in port.saturated:
             out.add("gpuwatch_network_port_counter_saturated", (*labels, kind), 1)
 
@@ -176,15 +185,18 @@ class NetworkCollector:
         self._best: dict[tuple[str, str], float] = {}  # port -> highest rate it has run at
         self._gpu_paths: dict[str, tuple[str, ...]] = {}
         self._gpu_key: frozenset[tuple[int, str]] = frozenset()
-        # port -> (monotonic time, link_downed, error counters) of the runs of the last 15 minutes
-        self._history: dict[tuple[str, str], deque[tuple[float, int | None, dict[str, int]]]] = {}
+        # port -> (monotonic time, link_downed, carrier_down, error counters) of the runs of the last 15 minutes
+        self._history: dict[tuple[str, str], deque[tuple[float, int | None, int | None, dict[str, int]]]] = {}
 
     def update(self) -> bool:
-        sources, config = self._context.sources, self._context.config()
-        sources.rdma.refresh()
-        root = sources.rdma.root or Path(config.host.sysfs_root)
-        ports = read_ports(root)
-        self._context.store.set_part(self.name, self._judge(ports, root, config.section(NetworkSection)))
+        rdma = self._context.sources.rdma
+        if rdma.root is None:
+            self._context.store.set_part(self.name, ())
+            return True
+        rdma.refresh()
+        ports = read_ports(rdma.root)
+        section = self._context.config().section(NetworkSection)
+        self._context.store.set_part(self.name, self._judge(ports, rdma.root, section))
         return True
 
     def _judge(self, ports: list[RdmaPort], root: Path, section: NetworkSection) -> NetworkPorts:
@@ -209,7 +221,7 @@ class NetworkCollector:
                 PortView(
                     port,
                     nearest_gpu(port.pci_path, gpus),
-                    (port.device, port.port) in self._was_up or bool(port.link_downed),
+                    (port.device, port.port) in self._was_up or bool(port.link_downed) or bool(port.carrier_down),
                     configured or by_layer.get(port.link_layer),
                     flaps,
                     growth,
@@ -220,14 +232,15 @@ class NetworkCollector:
         return tuple(views)
 
     def _remember(self, port: RdmaPort, now: float) -> tuple[int, dict[str, int]]:
-        """This run's counters kept; the growth of link_downed over 15 minutes and of each error over 10, a counter
-        that went down (a driver reload) counted from 0."""
+        """This run's counters kept; the growth of the link downs over 15 minutes (link_downed, or a RoCE
+        interface's carrier losses where they count more) and of each error over 10, a counter that went down (a
+        driver reload) counted from 0."""
         history = self._history.setdefault((port.device, port.port), deque())
-        history.append((now, port.link_downed, dict(port.errors)))
+        history.append((now, port.link_downed, port.carrier_down, dict(port.errors)))
         while history and now - history[0][0] > FLAP_WINDOW_S:
             history.popleft()
-        flaps = _growth([downed for _, downed, _ in history])
-        recent = [errors for at, _, errors in history if now - at <= ERROR_WINDOW_S]
+        flaps = max(_growth([downed for _, downed, _, _ in history]), _growth([lost for _, _, lost, _ in history]))
+        recent = [errors for at, _, _, errors in history if now - at <= ERROR_WINDOW_S]
         growth = {kind: _growth([errors.get(kind) for errors in recent]) for kind in port.errors}
         return flaps, growth
 
@@ -259,8 +272,9 @@ def collectors(context: CollectorContext, name: str) -> list[NetworkCollector]:
 
 def check(config: Config, sources: NodeSources, name: str) -> list[CheckLine]:
     """`gpuwatch check`: the RDMA ports found and their states (a node without any is fine)."""
-    sources.rdma.refresh()
-    ports = read_ports(sources.rdma.root or Path(config.host.sysfs_root))
+    if sources.rdma.root is not None:
+        sources.rdma.refresh()
+    ports = read_ports(sources.rdma.root) if sources.rdma.root is not None else []
     if not ports:
         return [CheckLine("ok", "RDMA ports", "none (no /sys/class/infiniband): nothing to export")]
     up = [f"{p.device}/{p.port}" for p in ports if p.up]

@@ -56,16 +56,17 @@ class HostSource:
 
 @dataclass(frozen=True, slots=True)
 class FabricSource:
-    """The node's NVLink fabric as the `fabric` collector reads it: NVSwitches on the PCI bus, the fabric manager."""
+    """The node's NVLink fabric as the `fabric` collector reads it: NVSwitches on the PCI bus, the fabric manager
+    (None: this agent cannot tell whether it runs; gpuwatch/readers/fabric_manager.py)."""
 
     nvswitches: Callable[[], int]
-    manager_running: Callable[[], bool]
+    manager_running: Callable[[], bool | None]
 
 
 @dataclass(frozen=True, slots=True)
 class RdmaSource:
-    """Where the `network` collector reads /sys/class/infiniband: the config's host.sysfs_root (root None), or a
-    tree a simulated node renders before each read (refresh)."""
+    """Where the `network` collector reads /sys/class/infiniband: the host's sysfs root on a real node, a tree a
+    simulated node renders before each read (refresh), or nowhere (root None: a node without RDMA ports)."""
 
     root: Path | None = None
     refresh: Callable[[], None] = lambda: None

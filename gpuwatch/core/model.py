@@ -121,6 +121,9 @@ class GpuSample:
     pcie_errors_total: dict[str, int] = field(default_factory=dict)  # fatal, non_fatal, correctable
     nvlink_up: dict[str, bool] = field(default_factory=dict)  # link -> up
     nvlink_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (link, type)
+    # The links the GPU has (NVIDIA: those whose nvmlDeviceGetNvLinkState answered at open); None: not known, so the
+    # links seen answering count (gpuwatch/state/nvlinks.py).
+    nvlink_expected: int | None = None
     # Real utilization (NVIDIA GPM on Hopper and newer; AMD activity): shares 0-1 over the last poll interval, absent
     # where the device cannot measure them (docs/reading-the-metrics.md, "Real utilization").
     sm_active_ratio: float | None = None  # SMs busy (at least one warp resident), averaged over SMs and time

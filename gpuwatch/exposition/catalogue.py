@@ -34,15 +34,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_health",
         "gauge",
         (*GPU, "state"),
-        "The GPU's verdict, one-hot: 1 for its state (healthy, degraded, unhealthy), 0 for the others "
+        "The GPU's verdict: its state (healthy, degraded, unhealthy), always 1; only the current state has a series "
         "(docs/verdicts.md).",
     ),
     _m(
         "gpuwatch_gpu_recommended_action",
         "gauge",
         (*GPU, "action"),
-        "The one action the GPU's verdict recommends, one-hot: none, restart_app, reset_gpu, reboot_node, "
-        "inspect_hardware, replace_gpu (docs/verdicts.md).",
+        "The one action the GPU's verdict recommends (none, restart_app, reset_gpu, reboot_node, inspect_hardware, "
+        "replace_gpu), always 1; only the current action has a series (docs/verdicts.md).",
     ),
     _m("gpuwatch_backend_up", "gauge", ("backend",), "1 when the vendor library is initialised, 0 while it fails."),
     _m("gpuwatch_gpu_up", "gauge", GPU, "1 when this GPU's last poll succeeded and is fresh; 0 when lost or stale."),
@@ -77,7 +77,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     _m("gpuwatch_collector_success", "gauge", ("collector",), "1 when the collector's last run succeeded."),
     _m("gpuwatch_collector_duration_seconds", "gauge", ("collector",), "How long the collector's last run took."),
-    _m("gpuwatch_collector_errors_total", "counter", ("collector",), "Failed collector runs."),
+    _m(
+        "gpuwatch_collector_errors_total",
+        "counter",
+        ("collector",),
+        "Failed collector runs, from the first (gpuwatch_collector_success is each run's outcome).",
+    ),
     _m(
         "gpuwatch_collector_last_run_timestamp_seconds",
         "gauge",
@@ -91,19 +96,32 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_temperature_threshold_celsius",
         "gauge",
         (*GPU, "sensor", "threshold"),
-        "The device's own temperature limits.",
+        "The device's own temperature limits the rules compare against: core slowdown, memory max_operating; every "
+        "limit the device declares (shutdown, core max_operating) with [compat] dcgm.",
     ),
     _m("gpuwatch_gpu_fan_speed_ratio", "gauge", (*GPU, "fan"), "Fan speed as a share of its maximum."),
     # Clocks
-    _m("gpuwatch_gpu_clock_hertz", "gauge", (*GPU, "clock"), "Current clock."),
-    _m("gpuwatch_gpu_clock_max_hertz", "gauge", (*GPU, "clock"), "Maximum clock the device allows."),
+    _m(
+        "gpuwatch_gpu_clock_hertz",
+        "gauge",
+        (*GPU, "clock"),
+        "Current clock: sm, memory; graphics where it differs from sm (NVIDIA's are one clock); video with [nvml] "
+        "video_clock.",
+    ),
+    _m(
+        "gpuwatch_gpu_clock_max_hertz",
+        "gauge",
+        (*GPU, "clock"),
+        "Maximum clock the device allows: sm; every clock's with [compat] dcgm.",
+    ),
     # Power
     _m("gpuwatch_gpu_power_watts", "gauge", GPU, "Board power draw."),
     _m(
         "gpuwatch_gpu_power_limit_watts",
         "gauge",
         (*GPU, "limit"),
-        "Power limits: enforced, default, min, max, and configured (the operator's intent, from the config).",
+        "Power limits: enforced, default, and configured (the operator's intent, from the config); the range the "
+        "driver allows, min and max, with [compat] dcgm.",
     ),
     _m("gpuwatch_gpu_energy_joules_total", "counter", GPU, "Energy since the driver loaded."),
     _m("gpuwatch_gpu_performance_state", "gauge", GPU, "NVIDIA P-state (0 = fastest)."),
@@ -114,19 +132,28 @@ _SPECS: tuple[MetricSpec, ...] = (
         "1 when the driver reports the GPU's power source as undersized.",
     ),
     # Throttling
-    _m("gpuwatch_gpu_throttle_active", "gauge", (*GPU, "reason"), "1 while the reason holds clocks down."),
+    _m(
+        "gpuwatch_gpu_throttle_active",
+        "gauge",
+        (*GPU, "reason"),
+        "1 while the reason holds clocks down; served only while it does (how long it held: "
+        "gpuwatch_gpu_throttle_seconds_total), every reason the GPU reports with [compat] dcgm.",
+    ),
     _m(
         "gpuwatch_gpu_throttle_seconds_total",
         "counter",
         (*GPU, "reason"),
-        "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll.",
+        "Time clocks were held down, from the device's counters where it keeps them, else accumulated per poll. "
+        "The reasons the rules read (hw_power_brake, hw_slowdown, hw_thermal, sw_thermal) from 0, the others from "
+        "their first second (every reason with [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_thermal_violation_seconds_total",
         "counter",
         GPU,
         "NVIDIA: time thermal constraints held clocks down since the driver loaded, as NVML counts it "
-        "(NVML_FI_DEV_PERF_POLICY_THERMAL: software and hardware thermal slowdown as one counter).",
+        "(NVML_FI_DEV_PERF_POLICY_THERMAL: software and hardware thermal slowdown as one counter); from its first "
+        "second, or from 0 with [compat] dcgm.",
     ),
     # Utilization, memory, modes
     _m("gpuwatch_gpu_utilization_ratio", "gauge", GPU, "Compute busy share 0-1."),
@@ -134,7 +161,13 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_gpu_memory_used_bytes", "gauge", GPU, "Device memory in use."),
     _m("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Device memory in total."),
     _m("gpuwatch_gpu_processes", "gauge", GPU, "Compute processes on the GPU."),
-    _m("gpuwatch_gpu_mig_enabled", "gauge", GPU, "1 when MIG (or a non-default AMD compute partition) is active."),
+    _m(
+        "gpuwatch_gpu_mig_enabled",
+        "gauge",
+        GPU,
+        "1 when MIG (or a non-default AMD compute partition) is active; served with [compat] dcgm (else "
+        "gpuwatch_gpu_modes_info).",
+    ),
     _m(
         "gpuwatch_gpu_partitions",
         "gauge",
@@ -142,8 +175,25 @@ _SPECS: tuple[MetricSpec, ...] = (
         "AMD: compute partitions the GPU is split into (1 in SPX, 8 in CPX on an MI300X), on partition 0, whose gpu "
         "label names the GPU; each partition is a gpu of its own, and gpuwatch_gpus_detected counts the GPU once.",
     ),
-    _m("gpuwatch_gpu_ecc_enabled", "gauge", GPU, "Current ECC mode."),
-    _m("gpuwatch_gpu_persistence_mode_enabled", "gauge", GPU, "NVIDIA persistence mode."),
+    _m(
+        "gpuwatch_gpu_ecc_enabled",
+        "gauge",
+        GPU,
+        "Current ECC mode; served with [compat] dcgm (else gpuwatch_gpu_modes_info).",
+    ),
+    _m(
+        "gpuwatch_gpu_persistence_mode_enabled",
+        "gauge",
+        GPU,
+        "NVIDIA persistence mode; served with [compat] dcgm (else gpuwatch_gpu_modes_info).",
+    ),
+    _m(
+        "gpuwatch_gpu_modes_info",
+        "gauge",
+        (*GPU, "ecc", "persistence_mode", "mig"),
+        "The GPU's modes, always 1: ecc, persistence_mode and mig each 1 (enabled), 0 (disabled) or empty (not "
+        "reported); a mode change is a new series. MIG: also a non-default AMD compute partition.",
+    ),
     # Real utilization (docs/reading-the-metrics.md): what the silicon did, where utilization_ratio says only that a
     # kernel ran. NVIDIA: NVML GPM (Hopper and newer); absent, never 0, on GPUs that cannot measure it.
     _m(
@@ -176,7 +226,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*GPU, "pipe"),
         "Share 0-1 of time each SM pipe was active over the last poll interval: hmma, dmma, imma, dfma (tensor), "
-        "fp64, fp32, fp16 (non-tensor), integer.",
+        "fp64, fp32, fp16 (non-tensor), integer. Opt-in: [nvml] gpm_per_pipe (or [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_sm_active_seconds_total",
@@ -202,7 +252,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "counter",
         (*GPU, "pipe"),
         "Active SM cycles since boot by pipe (sm, tensor, hmma, dmma, imma, dfma, fp64, fp32, fp16, integer), the "
-        "device's own counters (NVML 13.2+); rate() over rate(gpuwatch_gpu_sm_cycles_total) is the exact share.",
+        "device's own counters (NVML 13.2+); rate() over rate(gpuwatch_gpu_sm_cycles_total) is the exact share. "
+        "sm and tensor always, the other pipes with [nvml] gpm_per_pipe (or [compat] dcgm).",
     ),
     _m(
         "gpuwatch_gpu_pcie_bytes_total",
@@ -215,11 +266,23 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_nvlink_bytes_total",
         "counter",
         (*GPU, "link", "direction"),
-        "NVLink/XGMI traffic per link: rx read by this GPU, tx written by it.",
+        "NVLink/XGMI traffic per link: rx read by this GPU, tx written by it. Only for a link that misbehaved since "
+        "the agent started, or every link with [nvml] nvlink_per_link; gpuwatch_gpu_nvlinks_bytes_total sums them.",
     ),
     # Errors and memory health
-    _m("gpuwatch_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Lifetime ECC errors (aggregate)."),
-    _m("gpuwatch_gpu_remapped_rows_total", "counter", (*GPU, "cause"), "Remapped memory rows."),
+    _m(
+        "gpuwatch_gpu_ecc_errors_total",
+        "counter",
+        (*GPU, "type"),
+        "Lifetime ECC errors (aggregate): uncorrected and deferred from 0, corrected from its first (or from 0 with "
+        "[compat] dcgm).",
+    ),
+    _m(
+        "gpuwatch_gpu_remapped_rows_total",
+        "counter",
+        (*GPU, "cause"),
+        "Remapped memory rows, from the first (or from 0 with [compat] dcgm).",
+    ),
     _m("gpuwatch_gpu_row_remap_pending", "gauge", GPU, "1 when a GPU reset is needed to apply a row remap."),
     _m("gpuwatch_gpu_row_remap_failed", "gauge", GPU, "1 when a row remap failed."),
     _m("gpuwatch_gpu_retired_pages", "gauge", GPU, "Retired or bad memory pages."),
@@ -233,7 +296,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_row_remap_banks",
         "gauge",
         (*GPU, "availability"),
-        "Memory banks by spare rows left for remapping: max, high, partial, low, none.",
+        "Memory banks by spare rows left for remapping: max, high, partial, low, none; only the availabilities that "
+        "hold banks.",
     ),
     _m(
         "gpuwatch_gpu_sram_ecc_threshold_exceeded",
@@ -254,7 +318,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "condition"),
         "NVSwitch systems: 1 while a fabric health condition holds (nvmlGpuFabricInfo health mask and summary): "
         "degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration, "
-        "unhealthy, limited_capacity; absent where the driver does not report it.",
+        "unhealthy, limited_capacity; served only while it holds.",
     ),
     _m(
         "gpuwatch_gpu_recovery_action",
@@ -291,15 +355,50 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gpuwatch_gpu_pcie_errors_total",
         "counter",
         (*GPU, "type"),
-        "PCIe errors the GPU counted: fatal, non_fatal, correctable (AER classes).",
+        "PCIe errors the GPU counted: fatal, non_fatal (from 0), correctable (from its first) (AER classes).",
     ),
-    _m("gpuwatch_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 when the NVLink/XGMI link is up."),
+    _m(
+        "gpuwatch_gpu_nvlink_up",
+        "gauge",
+        (*GPU, "link"),
+        "1 when the NVLink/XGMI link is up. Only for a link that misbehaved since the agent started (down while the "
+        "GPU expects it up, or an error counter grown), or every link with [nvml] nvlink_per_link.",
+    ),
     _m(
         "gpuwatch_gpu_nvlink_errors_total",
         "counter",
         (*GPU, "link", "type"),
         "NVLink/XGMI link errors: replay, recovery, crc, ecc (DL counters); Blackwell's link fields add "
-        "recovery_failed, effective (left after FEC) and symbol.",
+        "recovery_failed, effective (left after FEC) and symbol. Only for a link that misbehaved since the agent "
+        "started, or every link with [nvml] nvlink_per_link; gpuwatch_gpu_nvlinks_errors_total sums them.",
+    ),
+    # NVLink per GPU (issue #34): what every GPU with links serves; the per-link families above only on demand.
+    _m(
+        "gpuwatch_gpu_nvlinks_up",
+        "gauge",
+        GPU,
+        "The GPU's NVLink/XGMI links up now; below gpuwatch_gpu_nvlinks_expected while one is down.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_expected",
+        "gauge",
+        GPU,
+        "The NVLink/XGMI links the GPU has: NVIDIA, the links whose state NVML answered for at start "
+        "(nvmlDeviceGetNvLinkState); AMD, the XGMI links seen up or down since the agent started.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_errors_total",
+        "counter",
+        (*GPU, "type"),
+        "NVLink/XGMI link errors summed over the GPU's links, by type (as gpuwatch_gpu_nvlink_errors_total): replay, "
+        "recovery and recovery_failed from the agent's start, so increase() sees a first error; the others from "
+        "their first.",
+    ),
+    _m(
+        "gpuwatch_gpu_nvlinks_bytes_total",
+        "counter",
+        (*GPU, "direction"),
+        "NVLink/XGMI traffic summed over the GPU's links: rx read by this GPU, tx written by it.",
     ),
     # Matmul probe
     _m(
@@ -319,7 +418,12 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("gpuwatch_probe_spread_ratio", "gauge", (*GPU, "dtype"), "(p90 - p10) / median of the last probe."),
     _m("gpuwatch_probe_h2d_bytes_per_second", "gauge", GPU, "Pinned host-to-device copy bandwidth."),
     _m("gpuwatch_probe_d2h_bytes_per_second", "gauge", GPU, "Pinned device-to-host copy bandwidth."),
-    _m("gpuwatch_probe_runs_total", "counter", (*GPU, "result"), "Probe runs by result."),
+    _m(
+        "gpuwatch_probe_runs_total",
+        "counter",
+        (*GPU, "result"),
+        "Probe runs by result: ok, failed and timeout from 0, the others from their first.",
+    ),
     _m(
         "gpuwatch_probe_compute_errors_total",
         "counter",

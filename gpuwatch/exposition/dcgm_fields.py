@@ -60,7 +60,7 @@ _CLOCK = "gpuwatch_gpu_clock_hertz"
 _CLOCK_MAX = "gpuwatch_gpu_clock_max_hertz"
 _LIMIT = "gpuwatch_gpu_power_limit_watts"
 _THROTTLE = "gpuwatch_gpu_throttle_seconds_total"
-_NVLINK = "gpuwatch_gpu_nvlink_errors_total"
+_NVLINK = "gpuwatch_gpu_nvlinks_errors_total"  # already summed over the GPU's links (gpuwatch/state/nvlinks.py)
 _PIPE = "gpuwatch_gpu_pipe_active_ratio"  # GPM (issue 17, branch gpm): absent on GPUs and agents without it
 
 FIELDS: tuple[DcgmField, ...] = (
@@ -275,7 +275,6 @@ FIELDS: tuple[DcgmField, ...] = (
         "Total number of NVLink retries.",
         _NVLINK,
         {"type": "replay"},
-        sum_over="link",
     ),
     _f(
         "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
@@ -283,7 +282,6 @@ FIELDS: tuple[DcgmField, ...] = (
         "Total number of NVLink recovery errors.",
         _NVLINK,
         {"type": "recovery"},
-        sum_over="link",
     ),
     # Remapped rows (csv:72-74; h:1286 pending)
     _f(

@@ -15,13 +15,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwatch import __version__
-from gpuwatch.core.metric_spec import SampleSink
+from gpuwatch.collectors.amdsmi import AmdsmiSection
+from gpuwatch.collectors.nvml import NvmlSection
+from gpuwatch.config.settings import Config
+from gpuwatch.core.metric_spec import ExportDetail, SampleSink
 from gpuwatch.core.model import GpuIdentity, GpuSample
 from gpuwatch.core.xid import xid_label
 from gpuwatch.exposition.catalogue import CATALOGUE
 from gpuwatch.exposition.fast import Row
-from gpuwatch.judge.gpu_verdict import ACTIONS, STATES, gpu_verdicts
+from gpuwatch.judge.gpu_verdict import gpu_verdicts
 from gpuwatch.registry import REGISTRY
+from gpuwatch.state.nvlinks import LinkWatch, NvlinkTotals
 from gpuwatch.state.probebook import RESULTS, ProbeView
 from gpuwatch.state.store import SampleStore, StoreSnapshot
 
@@ -62,6 +66,24 @@ class _Families:
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
+
+
+def export_detail(config: Config) -> ExportDetail:
+    """What the configuration asks the exposition to serve beyond its default (docs/cost-and-sizing.md)."""
+    per_link = {
+        vendor
+        for vendor, asked in (
+            ("nvidia", config.section(NvmlSection).nvlink_per_link),
+            ("amd", config.section(AmdsmiSection).xgmi_per_link),
+        )
+        if asked
+    }
+    return ExportDetail(
+        nvlink_per_link=frozenset(per_link),
+        per_pipe=config.section(NvmlSection).gpm_per_pipe or config.compat.dcgm,
+        video_clock=config.section(NvmlSection).video_clock or config.compat.dcgm,
+        dcgm=config.compat.dcgm,
+    )
 
 
 # Families derived from gpuwatch's own (gpuwatch.exposition.dcgm_compat: dcgm-exporter's names), rendered after them.
@@ -110,10 +132,16 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
             out.add("gpuwatch_gpu_reset_events_total", gpu, resets)
         if sample is None:
             continue
-        _readings(gpu, sample, snap.configured_power_limit_watts, out)
-        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, snap.throttle_seconds.get(identity.uuid, {}))
-        out.add_row(_THERMAL_VIOLATION, gpu, (sample.thermal_violation_seconds,))
-        export_probe(gpu, identity.uuid, snap.probe, out)
+        links = snap.nvlinks.get(identity.uuid) or LinkWatch().update(sample)  # a snapshot no store's poll made
+        every_link = identity.vendor in snap.detail.nvlink_per_link
+        _readings(gpu, sample, snap.configured_power_limit_watts, snap.detail, out)
+        _nvlinks(gpu, sample, links, every_link, out)
+        whole = snap.detail.dcgm
+        throttled = snap.throttle_seconds.get(identity.uuid, {})
+        out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, _counted(throttled, _RULES_THROTTLE, whole))
+        violation = sample.thermal_violation_seconds
+        out.add_row(_THERMAL_VIOLATION, gpu, (violation if whole or violation else None,))
+        export_probe(gpu, identity.uuid, snap.probe, out, whole)
         for name, export_gpu in _collector_exports("export_gpu"):
             export_gpu(snap.parts.get(name), gpu, out)
     export_interval(snap.probe, out)
@@ -168,12 +196,14 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
         ran = status.success is not None
         # Before its first run finishes, the time it was started: a first run that hangs ages like any other.
         last_run = status.last_run_timestamp if status.last_run_timestamp is not None else status.registered_timestamp
+        # Failures are counted from the first: no rule reads the count (gpuwatch_collector_success is each run's
+        # outcome, GpuwatchCollectorFailing's), so a healthy node serves no zeros for it (the series budget).
         out.add_row(
             _COLLECTOR,
             (name,),
             (
                 status.interval_seconds,
-                status.errors_total,
+                status.errors_total or None,
                 status.success,
                 status.duration_seconds if ran else None,
                 last_run,
@@ -182,13 +212,13 @@ def _self_health(snap: StoreSnapshot, out: _Out) -> None:
 
 
 def _verdicts(snap: StoreSnapshot, out: _Out) -> None:
-    """Each GPU's verdict, one-hot: every state and every action a series, the GPU's own at 1 (docs/verdicts.md)."""
+    """Each GPU's verdict: its state and its action, each one series at 1 (docs/verdicts.md). The states and the
+    actions are exclusive sets, so the others' zeros say nothing a rule's `== 1` or a `max by (state)` needs: 7 series
+    a GPU saved (docs/cost-and-sizing.md, "The series budget"). A state change ends one series and starts another."""
     for verdict in gpu_verdicts(snap):
         gpu = (str(verdict.index), verdict.uuid)
-        for state in STATES:
-            out.add("gpuwatch_gpu_health", (*gpu, state), state == verdict.state)
-        for action in ACTIONS:
-            out.add("gpuwatch_gpu_recommended_action", (*gpu, action), action == verdict.action)
+        out.add("gpuwatch_gpu_health", (*gpu, verdict.state), 1)
+        out.add("gpuwatch_gpu_recommended_action", (*gpu, verdict.action), 1)
 
 
 _COLLECTOR = Row(
@@ -287,20 +317,51 @@ _ACTIVE_TOTALS = Row(
 )
 
 
-def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, out: _Out) -> None:
+# Constants no rule, dashboard or page reads, served only with [compat] dcgm (whose mapping reads some of them): a
+# GPU's own temperature limits but the two the rules compare against, its maximum clocks but the SM's (the boards'
+# clock share), the power limits' range. docs/cost-and-sizing.md, "The series budget".
+_READ_THRESHOLDS = frozenset({("core", "slowdown"), ("memory", "max_operating")})
+_READ_MAX_CLOCKS = frozenset({"sm"})
+_UNREAD_LIMITS = frozenset({"min", "max"})
+
+
+def _readings(
+    gpu: tuple[str, str], s: GpuSample, configured_limit: float | None, detail: ExportDetail, out: _Out
+) -> None:
     each, row = out.add_each, out.add_row
+    whole = detail.dcgm
     each("gpuwatch_gpu_temperature_celsius", gpu, s.temperature_celsius)
-    each("gpuwatch_gpu_temperature_threshold_celsius", gpu, s.temperature_threshold_celsius)
+    thresholds = s.temperature_threshold_celsius
+    each(
+        "gpuwatch_gpu_temperature_threshold_celsius",
+        gpu,
+        thresholds if whole else {k: v for k, v in thresholds.items() if k in _READ_THRESHOLDS},
+    )
     each("gpuwatch_gpu_fan_speed_ratio", gpu, s.fan_speed_ratio)
-    each("gpuwatch_gpu_clock_hertz", gpu, s.clock_hertz)
-    each("gpuwatch_gpu_clock_max_hertz", gpu, s.clock_max_hertz)
+    clocks = s.clock_hertz
+    if not whole and "graphics" in clocks and clocks.get("graphics") == clocks.get("sm"):  # NVIDIA: one clock
+        clocks = {k: v for k, v in clocks.items() if k != "graphics"}
+    if not detail.video_clock and "video" in clocks:  # opt-in: [nvml] video_clock
+        clocks = {k: v for k, v in clocks.items() if k != "video"}
+    each("gpuwatch_gpu_clock_hertz", gpu, clocks)
+    maxima = s.clock_max_hertz
+    each(
+        "gpuwatch_gpu_clock_max_hertz",
+        gpu,
+        maxima if whole else {k: v for k, v in maxima.items() if k in _READ_MAX_CLOCKS},
+    )
     row(_POWER, gpu, (s.power_watts,))
     limits = s.power_limit_watts
+    if not whole:
+        limits = {k: v for k, v in limits.items() if k not in _UNREAD_LIMITS}
     if configured_limit is not None:
         limits = {**limits, "configured": configured_limit}
     each("gpuwatch_gpu_power_limit_watts", gpu, limits)
     row(_ENERGY, gpu, (s.energy_joules, s.performance_state, s.power_supply_undersized))
-    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active)
+    # Only the reasons holding the clocks down now: the time each held is gpuwatch_gpu_throttle_seconds_total's, and
+    # the rules and dashboards read `== 1` (docs/cost-and-sizing.md, "The series budget"). DCGM's clock event reasons
+    # bitmask is 0, not absent, for a GPU that reports reasons and has none active: [compat] dcgm keeps the zeros.
+    each("gpuwatch_gpu_throttle_active", gpu, s.throttle_active if detail.dcgm else _holding(s.throttle_active))
     pids = s.process_pids
     row(
         _USAGE,
@@ -311,37 +372,103 @@ def _readings(gpu: tuple[str, str], s: GpuSample, configured_limit: float | None
             s.memory_used_bytes,
             s.memory_total_bytes,
             None if pids is None else len(pids),
-            s.mig_enabled,
+            s.mig_enabled if whole else None,
             s.compute_partitions,
-            s.ecc_enabled,
-            s.persistence_mode_enabled,
+            s.ecc_enabled if whole else None,
+            s.persistence_mode_enabled if whole else None,
         ),
     )
-    each("gpuwatch_gpu_ecc_errors_total", gpu, s.ecc_errors_total)
-    each("gpuwatch_gpu_remapped_rows_total", gpu, s.remapped_rows_total)
+    # The modes, constants an operator sets, folded into one info series (a change is a new series): 3 -> 1.
+    modes = (s.ecc_enabled, s.persistence_mode_enabled, s.mig_enabled)
+    if any(mode is not None for mode in modes):
+        out.add("gpuwatch_gpu_modes_info", (*gpu, *("" if m is None else str(int(m)) for m in modes)), 1)
+    each("gpuwatch_gpu_ecc_errors_total", gpu, _counted(s.ecc_errors_total, _RULES_ECC, whole))
+    each("gpuwatch_gpu_remapped_rows_total", gpu, _counted(s.remapped_rows_total, frozenset(), whole))
     row(_ROW_REMAP, gpu, (s.row_remap_pending, s.row_remap_failed, s.retired_pages, s.retired_pages_limit))
-    each("gpuwatch_gpu_row_remap_banks", gpu, s.row_remap_banks)
+    # A histogram gauge (banks by spare rows left): only the buckets that hold banks. GpuRowRemapBanksLow sums
+    # low|none > 0, which an empty bucket never adds to; a healthy GPU serves its one bucket, max.
+    each("gpuwatch_gpu_row_remap_banks", gpu, {k: v for k, v in s.row_remap_banks.items() if v})
     row(_HEALTH, gpu, (s.sram_ecc_threshold_exceeded, s.recovery_action, s.inforom_valid, s.fabric_healthy))
-    each("gpuwatch_gpu_fabric_health", gpu, s.fabric_health)
+    # A set of conditions that may hold together: only those that hold, at 1 (GpuFabricDegraded and the node board
+    # read `== 1`); whether the fabric is read at all is gpuwatch_gpu_fabric_healthy's.
+    each("gpuwatch_gpu_fabric_health", gpu, _holding(s.fabric_health))
     each("gpuwatch_gpu_pcie_link_generation", gpu, s.pcie_link_generation)
     each("gpuwatch_gpu_pcie_link_width", gpu, s.pcie_link_width)
     row(_PCIE, gpu, (s.pcie_replays_total, s.pcie_link_recoveries_total))
-    each("gpuwatch_gpu_pcie_errors_total", gpu, s.pcie_errors_total)
-    each("gpuwatch_gpu_nvlink_up", gpu, s.nvlink_up)
-    each("gpuwatch_gpu_nvlink_errors_total", gpu, s.nvlink_errors_total)
-    _activity(gpu, s, out)
+    each("gpuwatch_gpu_pcie_errors_total", gpu, _counted(s.pcie_errors_total, _RULES_PCIE, whole))
+    _activity(gpu, s, detail.per_pipe, out)
 
 
-def _activity(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
+# The per-type counters the rules read from 0, so that increase() and rate() see a first error: every other type is
+# served from its first count (docs/cost-and-sizing.md, "The series budget"), or whole with [compat] dcgm.
+_RULES_THROTTLE = frozenset({"hw_power_brake", "hw_slowdown", "hw_thermal", "sw_thermal"})  # GpuPowerBrakeSlowdown…
+_RULES_ECC = frozenset({"uncorrected", "deferred"})  # GpuEccUncorrectable
+_RULES_PCIE = frozenset({"fatal", "non_fatal"})  # GpuPcieFatalErrors, GpuPcieUncorrectableErrors
+_RULES_NVLINK = frozenset({"replay", "recovery", "recovery_failed"})  # GpuNvlinkErrors (CRC: per link)
+_RULES_PROBE = frozenset({"ok", "failed", "timeout"})  # GpuProbeFailing; compute errors: their own counter
+
+
+def _counted(values: dict[Any, Any], from_zero: frozenset[str], whole: bool = False) -> dict[Any, Any]:
+    """The per-type counters a rule reads from 0, and the others once they count something."""
+    if whole:
+        return values
+    return {key: value for key, value in values.items() if value or key in from_zero}
+
+
+def _holding(flags: dict[str, bool]) -> dict[str, bool]:
+    """The flags that hold; a dict with none is served as no series at all."""
+    return {key: True for key, on in flags.items() if on}
+
+
+def _nvlinks(gpu: tuple[str, str], s: GpuSample, links: NvlinkTotals | None, every_link: bool, out: _Out) -> None:
+    """NVLink/XGMI per GPU; per link only for the links that misbehaved since the agent started, or every link when
+    the vendor's section asks (gpuwatch/state/nvlinks.py)."""
+    if links is None:
+        return
+    out.add("gpuwatch_gpu_nvlinks_up", gpu, links.up)
+    out.add("gpuwatch_gpu_nvlinks_expected", gpu, links.expected)
+    out.add_each("gpuwatch_gpu_nvlinks_errors_total", gpu, _counted(links.errors_total, _RULES_NVLINK))
+    out.add_each("gpuwatch_gpu_nvlinks_bytes_total", gpu, links.bytes_total)
+    if not every_link and not links.misbehaved:
+        return
+    shown = links.misbehaved
+    for link, up in sorted(s.nvlink_up.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_up", (*gpu, link), up)
+    for (link, kind), count in sorted(s.nvlink_errors_total.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_errors_total", (*gpu, link, kind), count)
+    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=_link_order):
+        if every_link or link in shown:
+            out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
+
+
+def _link_order(item: tuple[Any, Any]) -> tuple[int, Any]:
+    """Links in number order (2 before 10), whatever else the key holds."""
+    key = item[0]
+    link = key[0] if isinstance(key, tuple) else key
+    return (len(link), key)
+
+
+# Opt-in detail ([nvml] gpm_per_pipe): each SM pipe's activity. sm and tensor, the two shares the rules read, are
+# served either way (gpuwatch_gpu_sm_active_ratio, _tensor_active_ratio and their cycle counters).
+_PIPES_SERVED = frozenset({"sm", "tensor"})
+
+
+def _activity(gpu: tuple[str, str], s: GpuSample, per_pipe: bool, out: _Out) -> None:
     """Real utilization: absent where the device cannot measure it (the backend leaves None and empty dicts)."""
     out.add_row(_ACTIVE, gpu, (s.sm_active_ratio, s.sm_occupancy_ratio, s.tensor_active_ratio, s.dram_active_ratio))
-    out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
+    if per_pipe:
+        out.add_each("gpuwatch_gpu_pipe_active_ratio", gpu, s.pipe_active_ratio)
     seconds = s.active_seconds_total
     out.add_row(_ACTIVE_TOTALS, gpu, (seconds.get("sm"), seconds.get("tensor"), s.sm_cycles_total))
-    out.add_each("gpuwatch_gpu_active_cycles_total", gpu, s.active_cycles_total)
+    cycles = s.active_cycles_total
+    out.add_each(
+        "gpuwatch_gpu_active_cycles_total",
+        gpu,
+        cycles if per_pipe else {k: v for k, v in cycles.items() if k in _PIPES_SERVED},
+    )
     out.add_each("gpuwatch_gpu_pcie_bytes_total", gpu, s.pcie_bytes_total)
-    for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
-        out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
 
 
 _PROBE_SPEED = Row("gpuwatch_probe_flops", "gpuwatch_probe_spread_ratio")
@@ -362,13 +489,16 @@ def export_interval(view: ProbeView, out: _Out) -> None:
         out.add("gpuwatch_probe_interval_seconds", (), view.interval_seconds)
 
 
-def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out) -> None:
-    """The `gpuwatch_probe_*` samples of one (fresh) GPU; run counters exist for every result from start-up."""
+def export_probe(gpu: tuple[str, str], uuid: str, view: ProbeView, out: _Out, whole: bool = False) -> None:
+    """The `gpuwatch_probe_*` samples of one (fresh) GPU; the run counters the rules read exist from start-up, the
+    others from their first run (every one with `whole`)."""
     if not view.enabled:
         return
     counts = view.runs.get(uuid, {})
     for result in RESULTS:
-        out.add("gpuwatch_probe_runs_total", (*gpu, result), counts.get(result, 0))
+        count = counts.get(result, 0)
+        if count or whole or result in _RULES_PROBE:
+            out.add("gpuwatch_probe_runs_total", (*gpu, result), count)
     out.add("gpuwatch_probe_compute_errors_total", gpu, counts.get("compute_error", 0))
     baseline = view.baselines.get(uuid)
     if baseline is not None:

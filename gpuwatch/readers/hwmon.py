@@ -27,6 +27,7 @@ from gpuwatch.readers.rails import (
     nominal_from_name,
     nominal_from_reading,
 )
+from gpuwatch.readers.sysfs import read_attribute
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class HwmonReader:
         used: set[str] = set()
         placed: dict[tuple[str, str, str], tuple[bool, str]] = {}
         for entry in entries:
-            name = _read_text(entry / "name")
+            name = read_attribute(entry / "name")
             if name is None:
                 continue
             try:
@@ -114,7 +115,7 @@ class HwmonReader:
         return sorted(chips, key=lambda c: c.label)
 
     def board_name(self) -> str:
-        return _read_text(self.root / "class" / "dmi" / "id" / "board_name") or ""
+        return read_attribute(self.root / "class" / "dmi" / "id" / "board_name") or ""
 
     def read(self) -> HostSample:
         voltages: list[HostVoltage] = []
@@ -212,7 +213,7 @@ def _psu_power(chip: Chip, files: frozenset[str]) -> HostPsuPower | None:
     ("vin" at 90 V or more): regulators and bus converters have neither."""
     found: dict[str, float] = {}
     for index in sorted(int(m.group(1)) for m in map(_POWER.match, files) if m):
-        label = _read_text(f"{chip.path}/power{index}_label") if f"power{index}_label" in files else None
+        label = read_attribute(f"{chip.path}/power{index}_label") if f"power{index}_label" in files else None
         if label is None or not _PMBUS_POWER.match(label):
             continue
         microwatts = _read_number(f"{chip.path}/power{index}_input")
@@ -230,7 +231,7 @@ def _is_supply(chip: Path, files: frozenset[str]) -> bool:
     for entry in files:
         match = _INPUT.match(entry)
         label = f"in{match.group(2)}_label" if match and match.group(1) == "in" else ""
-        if label in files and _read_text(f"{chip}/{label}") == "vin":
+        if label in files and read_attribute(f"{chip}/{label}") == "vin":
             millivolts = _read_number(f"{chip}/{entry}")
             if millivolts is not None and millivolts / 1000.0 >= AC_INPUT_MIN_VOLTS:
                 return True
@@ -291,7 +292,7 @@ def _is_gpu(hwmon: Path, name: str) -> bool:
     """A GPU driver's chip, or any hwmon whose device is a display controller (PCI class 0x03)."""
     if name in GPU_DRIVERS:
         return True
-    device_class = _read_text(hwmon / "device" / "class")
+    device_class = read_attribute(hwmon / "device" / "class")
     return device_class is not None and device_class.lower().startswith("0x03")
 
 
@@ -318,7 +319,7 @@ def _sensor_name(chip: Path, files: frozenset[str], key: str, mapping: InputMap 
     if mapping is not None and mapping.label:
         return mapping.label
     label = f"{key}_label"
-    return (_read_text(f"{chip}/{label}") if label in files else None) or key
+    return (read_attribute(f"{chip}/{label}") if label in files else None) or key
 
 
 def _scaled(value: float, mapping: InputMap | None) -> float:
@@ -330,27 +331,8 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _read_text(path: Path | str) -> str | None:
-    """The file's first line, or None when it is missing, root-only, or the driver answers EIO/ENODATA.
-
-    One os.read of the page sysfs serves (an attribute is at most a page: Documentation/filesystems/sysfs.rst)
-    rather than a text file object: a read opens some 80 files, and the text layer was most of its CPU."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    lines = data.splitlines()
-    return lines[0].decode("utf-8", "replace").strip() if lines else ""
-
-
 def _read_number(path: Path | str) -> float | None:
-    text = _read_text(path)
+    text = read_attribute(path)
     if not text:
         return None
     try:

@@ -14,6 +14,14 @@ link_error_recovery 8, local_link_integrity_errors and excessive_buffer_overrun_
 widths) and saturate rather than wrap: a counter at its maximum is reported as saturated, because it no longer
 counts. A driver reload starts every counter again from 0, which Prometheus reads as a counter reset. A file that
 is missing, unreadable or not a number is left out of that port's reading (logged at debug), never the port.
+
+A RoCE port (link_layer "Ethernet") is its network interface's: mlx5 reports it ACTIVE and LinkUp exactly while the
+interface runs with carrier, DOWN and Disabled otherwise (drivers/infiniband/hw/mlx5/main.c, mlx5_query_port_roce:
+``netif_running(ndev) && netif_carrier_ok(ndev)``), so the port's own state already says whether its Ethernet link
+is up. What the interface tells beyond it is how often its link was lost: ``/sys/class/net/<netdev>/
+carrier_down_count`` (Documentation/ABI/testing/sysfs-class-net, since Linux 4.16), the Ethernet side's count of
+link downs, where the InfiniBand PortCounters' link_downed is the IB link training state machine's (IBA 16.1.3.5)
+and nothing documents it counting an Ethernet carrier loss.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuwatch.readers.sysfs import read_attribute
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +74,8 @@ class RdmaPort:
     saturated: tuple[str, ...] = ()  # legacy counters at their maximum: they count no more
     link_downed: int | None = None
     pci_path: tuple[str, ...] = ()  # the NIC's PCI device path below /sys/devices, root complex first
-    netdev: str = ""  # the Ethernet interface of a RoCE port (its operstate says more), "" for InfiniBand
+    netdev: str = ""  # the Ethernet interface of a RoCE port, "" for InfiniBand
+    carrier_down: int | None = None  # RoCE: times its interface lost its carrier (class/net/…/carrier_down_count)
 
     @property
     def up(self) -> bool:
@@ -87,11 +98,11 @@ def read_ports(sysfs_root: Path = Path("/sys")) -> list[RdmaPort]:
             continue
         pci_path = _pci_path(device / "device")
         for port_dir in numbers:
-            ports.append(_read_port(device.name, port_dir, pci_path))
+            ports.append(_read_port(device.name, port_dir, pci_path, sysfs_root))
     return ports
 
 
-def _read_port(device: str, port_dir: Path, pci_path: tuple[str, ...]) -> RdmaPort:
+def _read_port(device: str, port_dir: Path, pci_path: tuple[str, ...], sysfs_root: Path) -> RdmaPort:
     errors: dict[str, int] = {}
     saturated: list[str] = []
     for name, bits in LEGACY_ERRORS.items():
@@ -107,30 +118,25 @@ def _read_port(device: str, port_dir: Path, pci_path: tuple[str, ...]) -> RdmaPo
     link_downed = _int(port_dir / "counters" / "link_downed")
     if link_downed is not None and link_downed >= (1 << LINK_DOWNED_BITS) - 1:
         saturated.append("link_downed")
+    netdev = _netdev(port_dir)
     return RdmaPort(
         device=device,
         port=port_dir.name,
         state=_numbered(port_dir / "state"),
         phys_state=_numbered(port_dir / "phys_state"),
         rate_bits_per_second=_rate(port_dir / "rate"),
-        link_layer=(_text(port_dir / "link_layer") or "").strip(),
+        link_layer=read_attribute(port_dir / "link_layer") or "",
         errors=errors,
         saturated=tuple(saturated),
         link_downed=link_downed,
         pci_path=pci_path,
-        netdev=_netdev(port_dir),
+        netdev=netdev,
+        carrier_down=_carrier_down(sysfs_root, netdev),
     )
 
 
-def _text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-
-
 def _int(path: Path) -> int | None:
-    text = _text(path)
+    text = read_attribute(path)
     if text is None:
         return None
     try:
@@ -143,19 +149,27 @@ def _int(path: Path) -> int | None:
 
 def _numbered(path: Path) -> int | None:
     """ "4: ACTIVE" -> 4."""
-    match = _STATE.match(_text(path) or "")
+    match = _STATE.match(read_attribute(path) or "")
     return int(match.group(1)) if match else None
 
 
 def _rate(path: Path) -> float | None:
     """ "400 Gb/sec (4X NDR)" -> 4e11; "2.5 Gb/sec (1X SDR)" -> 2.5e9."""
-    match = _RATE.match(_text(path) or "")
+    match = _RATE.match(read_attribute(path) or "")
     return float(match.group(1)) * 1e9 if match else None
 
 
 def _netdev(port_dir: Path) -> str:
     """The Ethernet interface behind a RoCE port: gid_attrs/ndevs/0 names it (sysfs-class-infiniband)."""
-    return (_text(port_dir / "gid_attrs" / "ndevs" / "0") or "").strip()
+    return read_attribute(port_dir / "gid_attrs" / "ndevs" / "0") or ""
+
+
+def _carrier_down(sysfs_root: Path, netdev: str) -> int | None:
+    """How many times a RoCE port's interface lost its carrier; None for InfiniBand, or where the kernel (before
+    4.16) or the interface does not say. The name comes from sysfs, so one that would leave class/net is not read."""
+    if not netdev or "/" in netdev or netdev in (".", ".."):
+        return None
+    return _int(sysfs_root / "class" / "net" / netdev / "carrier_down_count")
 
 
 def _pci_path(device_link: Path) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from gpuwatch.collectors.vendors import VendorCollectors
 from gpuwatch.collectors.xid_events import EventCollector
 from gpuwatch.config.settings import CompatSection, Config, ConfigError, parse_listen
 from gpuwatch.exposition.cache import CachedExposition, cached_metrics_app
-from gpuwatch.exposition.exporter import Extension, SnapshotExporter
+from gpuwatch.exposition.exporter import Extension, SnapshotExporter, export_detail
 from gpuwatch.files.statedir import AgentLock
 from gpuwatch.files.statefile import KnownGpus, StateDirError, check_state_dir, last_write_ok
 from gpuwatch.judge.findings import gpu_health
@@ -74,7 +74,7 @@ class Agent:
         self._clock = clock
         self._monotonic = monotonic
         self.store = SampleStore(poll_interval_seconds=config.agent.poll_interval_seconds, clock=clock)
-        self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts)
+        self.store.configure(config.agent.poll_interval_seconds, config.gpus.power_limit_watts, export_detail(config))
         self._known = KnownGpus(config.state_dir)
         self._ledger = FaultLedger(config.state_dir)  # faults held until repaired (gpuwatch.judge.held)
         procfs = sources.procfs or Procfs(Path("/proc"))  # boot_id is the host's in any PID namespace
@@ -311,7 +311,7 @@ class Agent:
         new = live_part(old, new)  # what the running sockets, backends and threads were built from stays
         logging.getLogger().setLevel(new.agent.log_level.upper())
         self.config = new
-        self.store.configure(new.agent.poll_interval_seconds, new.gpus.power_limit_watts)
+        self.store.configure(new.agent.poll_interval_seconds, new.gpus.power_limit_watts, export_detail(new))
         self._update_expected()
         self.collectors.register()  # intervals declared from the configuration (the poll's) change with it
         if self._scheduler is not None:

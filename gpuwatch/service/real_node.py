@@ -12,12 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatch.backends.base import Backend, BackendUnavailable
+from gpuwatch.collectors.fabric import FabricSection
 from gpuwatch.collectors.host import build_host_sources
-from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources
+from gpuwatch.collectors.sources import BackendSlot, FabricSource, NodeSources, RdmaSource
+from gpuwatch.collectors.workloads import WorkloadsSection
 from gpuwatch.config.settings import Config
-from gpuwatch.readers.fabric_manager import process_running
+from gpuwatch.readers.fabric_manager import ManagerWatch
 from gpuwatch.readers.kmsg import KernelLogXidReader
 from gpuwatch.readers.pci import count_nvswitches, count_pci_gpus
+from gpuwatch.readers.procfs import Procfs
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,16 @@ def build_real_sources(config: Config, *, sysfs_root: Path = Path("/sys")) -> No
     if not slots:
         log.warning("no NVIDIA or AMD GPU on the PCI bus; pass --backend nvml or set gpus.expected_nvidia to force")
     kernel_log = KernelLogXidReader(Path(config.xid.kernel_log)) if config.xid.kernel_log and wants_nvidia else None
-    fabric = FabricSource(lambda: count_nvswitches(sysfs_root), process_running)
-    return NodeSources(slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config), fabric=fabric)
+    # The daemon is looked for where GPU processes are (workloads.procfs_root: the host's /proc in a container), and
+    # by the API socket its configuration names; both are read as configured at start.
+    manager = ManagerWatch(
+        Procfs(Path(config.section(WorkloadsSection).procfs_root)), Path(config.section(FabricSection).manager_config)
+    )
+    fabric = FabricSource(lambda: count_nvswitches(sysfs_root), manager)
+    rdma = RdmaSource(Path(config.host.sysfs_root))  # the host's /sys/class/infiniband, as hwmon reads class/hwmon
+    return NodeSources(
+        slots, lambda: count_pci_gpus(sysfs_root), kernel_log, build_host_sources(config), fabric=fabric, rdma=rdma
+    )
 
 
 def _nvml_factory() -> Backend:

@@ -97,6 +97,7 @@ class FaultInjector:
         self._nvlink_down: set[tuple[int, int]] = set()
         self._fabric_degraded: dict[int, bool] = {}  # gpu -> its fabric's bandwidth degraded (None: the scenario's)
         self.fabric_manager_running = True  # nv-fabricmanager, on a node with NVSwitches
+        self.storage_carrier_losses = 0  # times the RoCE storage NIC's interface lost its carrier (and got it back)
         self._nvlink_errors: dict[tuple[int, int, int], int | None] = {}  # (gpu, link, counter) -> count
         self._sram_threshold_exceeded: set[int] = set()  # GPUs whose SRAM ECC errors passed the driver's threshold
         self._field_rules: list[FieldRule] = []
@@ -237,6 +238,12 @@ class FaultInjector:
             self.fabric_manager_running = not stopped
         self._on_change()
 
+    def lose_storage_carrier(self, times: int = 1) -> None:
+        """The RoCE storage NIC's interface loses its carrier and gets it back, `times` times (a flapping cable)."""
+        with self._lock:
+            self.storage_carrier_losses += times
+        self._on_change()
+
     def fabric_degraded_override(self, index: int) -> bool | None:
         """True/False when a test decided, None to let the scenario decide."""
         with self._lock:
@@ -326,6 +333,7 @@ class FaultInjector:
             self._nvlink_down.clear()
             self._fabric_degraded.clear()
             self.fabric_manager_running = True
+            self.storage_carrier_losses = 0
             self._nvlink_errors.clear()
             self._field_rules.clear()
             self._held_reasons.clear()

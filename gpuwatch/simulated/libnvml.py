@@ -34,6 +34,7 @@ from gpuwatch.simulated.nvml_structs import (
     nvmlEccSramErrorStatus_v1_t,
     nvmlEventData_t,
     nvmlFieldValue_t,
+    nvmlGpuFabricInfo_t,
     nvmlGpuFabricInfo_v2_t,
     nvmlGpuFabricInfo_v3_t,
     nvmlMarginTemperature_t,
@@ -834,29 +835,42 @@ class _Driver(GpmFunctions, MigFunctions):
     def nvmlDeviceGetGpuFabricInfoV(self, device: int, out: int) -> None:
         """An NVLink (HGX) node has a fabric the GPU registered with; elsewhere the state is NOT_SUPPORTED,
         as the fixture's single PCIe-attached H100 shows ("Fabric State: N/A"). Version 2 adds the health mask,
-        version 3 its summary (nvml.h nvmlGpuFabricInfo_v2/_v3); a driver answers either, whichever was asked."""
+        version 3 its summary (nvml.h nvmlGpuFabricInfo_v2/_v3). The driver answers either, whichever was asked,
+        from the release whose nvml.h has it: v3 from 580 (NVML 13.0; go-nvml 9da9e13 "Bump nvml.h to 13.0.39"),
+        v2 from 550 (NVML 12.4, the function itself; f7ceebd), so an older driver lacks this symbol
+        (missing_symbols) and a 550-575 one refuses v3 with ArgumentVersionMismatch."""
         index = self._enter(("nvmlDeviceGetGpuFabricInfoV",), device, needs_device=True)
-        spec = self.node.spec(index)
         version = _struct(out, nvmlGpuFabricInfo_v2_t).version
-        if version not in (_FABRIC_INFO_V2, _FABRIC_INFO_V3):
+        known = (_FABRIC_INFO_V2, _FABRIC_INFO_V3) if _major(self.driver_version) >= 580 else (_FABRIC_INFO_V2,)
+        if version not in known:
             raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         info = _struct(out, nvmlGpuFabricInfo_v3_t if version == _FABRIC_INFO_V3 else nvmlGpuFabricInfo_v2_t)
-        info.status = c.NVML_SUCCESS
-        info.cliqueId = 0
-        if spec.nvlink_links == 0:
-            info.state = _FABRIC_STATE_NOT_SUPPORTED
+        self._fill_fabric(index, info)
+        if info.state == _FABRIC_STATE_NOT_SUPPORTED:
             info.healthMask = 0  # every condition NOT_SUPPORTED
             if version == _FABRIC_INFO_V3:
                 info.healthSummary = 0
             return
         degraded = self.node.fabric_degraded(index)
-        info.state = _FABRIC_STATE_COMPLETED
         mask = _HEALTHY_FABRIC_MASK
         if degraded:
             mask = (mask & ~0x3) | _DEGRADED_BW_TRUE
         info.healthMask = mask
         if version == _FABRIC_INFO_V3:
             info.healthSummary = _FABRIC_SUMMARY_LIMITED_CAPACITY if degraded else _FABRIC_SUMMARY_HEALTHY
+
+    @_export(_P, _P)
+    def nvmlDeviceGetGpuFabricInfo(self, device: int, out: int) -> None:
+        """The unversioned call of drivers 525-545 (NVML 12.0, go-nvml c892d99), still answered by later ones
+        (deprecated in 13.0): the registration state alone, no health."""
+        index = self._enter(("nvmlDeviceGetGpuFabricInfo",), device, needs_device=True)
+        self._fill_fabric(index, _struct(out, nvmlGpuFabricInfo_t))
+
+    def _fill_fabric(self, index: int, info: Any) -> None:
+        """The fields every version shares: registered (COMPLETED, SUCCESS) on an NVLink node, none elsewhere."""
+        info.status = c.NVML_SUCCESS
+        info.cliqueId = 0
+        info.state = _FABRIC_STATE_COMPLETED if self.node.spec(index).nvlink_links else _FABRIC_STATE_NOT_SUPPORTED
 
     @_export(_P, _P)
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: int, out: int) -> None:

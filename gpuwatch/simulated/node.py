@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuwatch.backends.base import Backend
@@ -68,7 +67,7 @@ def simulated_sources(
     procfs = simulated_procfs(node, sim.boot)
     diag = simulated_diag_launcher(node)
     fabric = FabricSource(node.nvswitch_count, node.fabric_manager_running)
-    rdma = RdmaSource(Path(os.devnull))  # no NICs: never this machine's own /sys/class/infiniband
+    rdma = RdmaSource()  # no NICs: never this machine's own /sys/class/infiniband
     if node.nvlink and host:  # an HGX node: a NIC per GPU (gpuwatch/simulated/rdma_ports.py)
         from gpuwatch.simulated.rdma_ports import SimulatedRdma
 

@@ -120,6 +120,15 @@ class nvmlRowRemapperHistogramValues_t(Structure):
     _fields_ = [("max", c_uint), ("high", c_uint), ("partial", c_uint), ("low", c_uint), ("none", c_uint)]
 
 
+class nvmlGpuFabricInfo_t(Structure):
+    """nvmlDeviceGetGpuFabricInfo's unversioned struct (nvml.h, NVIDIA/go-nvml pkg/nvml/nvml.h 3834-3840 at
+    2f9e261: clusterUuid[NVML_GPU_FABRIC_UUID_LEN 16], status, cliqueId, state; nvmlGpuFabricState_t is an unsigned
+    char, 3829): 28 bytes. nvidia-ml-py 12.570.86 sizes clusterUuid by NVML_DEVICE_UUID_BUFFER_SIZE (80) instead:
+    MISLAID_IN_OLDEST."""
+
+    _fields_ = [("clusterUuid", c_ubyte * 16), ("status", c_uint), ("cliqueId", c_uint32), ("state", c_ubyte)]
+
+
 class nvmlGpuFabricInfo_v2_t(Structure):
     """nvmlGpuFabricInfoV_t at version 2 (nvmlGpuFabricInfo_v2 = 0x02000024: version 2, 36 bytes)."""
 
@@ -137,15 +146,7 @@ class nvmlGpuFabricInfo_v3_t(Structure):
     """nvmlGpuFabricInfoV_t at version 3 (nvmlGpuFabricInfo_v3 = 0x3000028: version 3, 40 bytes): v2 and the
     one-byte healthSummary (nvidia-ml-py 13.615.71 pynvml.py c_nvmlGpuFabricInfo_v3_t, from nvml.h)."""
 
-    _fields_ = [
-        ("version", c_uint),
-        ("clusterUuid", c_ubyte * 16),
-        ("status", c_uint),
-        ("cliqueId", c_uint32),
-        ("state", c_ubyte),
-        ("healthMask", c_uint32),
-        ("healthSummary", c_ubyte),
-    ]
+    _fields_ = [*nvmlGpuFabricInfo_v2_t._fields_, ("healthSummary", c_ubyte)]
 
 
 class nvmlEccSramErrorStatus_v1_t(Structure):
@@ -306,6 +307,9 @@ class nvmlDeviceAttributes_t(Structure):
 
 # Structs only the newer nvidia-ml-py releases define: the layout test checks them where the release has them.
 NEWER_BINDING_NAMES = frozenset({"c_nvmlGpuFabricInfo_v3_t"})
+# Structs the oldest release defines at another layout than nvml.h's: the layout test holds them to the newest
+# release and shows the oldest's differs (the backend passes its own copy: gpuwatch/backends/nvml_tables.py).
+MISLAID_IN_OLDEST = frozenset({"c_nvmlGpuFabricInfo_t"})
 # Each struct and the name the binding gives its own copy of it (for the layout test).
 BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlMemory_t: "c_nvmlMemory_t",
@@ -320,6 +324,7 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlTemperature_t: "c_nvmlTemperature_v1_t",
     nvmlMarginTemperature_t: "c_nvmlMarginTemperature_v1_t",
     nvmlRowRemapperHistogramValues_t: "c_nvmlRowRemapperHistogramValues",
+    nvmlGpuFabricInfo_t: "c_nvmlGpuFabricInfo_t",  # MISLAID_IN_OLDEST
     nvmlGpuFabricInfo_v2_t: "c_nvmlGpuFabricInfoV_t",
     nvmlGpuFabricInfo_v3_t: "c_nvmlGpuFabricInfo_v3_t",  # releases from 12.575 on; NEWER_BINDING_NAMES
     nvmlEccSramErrorStatus_v1_t: "c_nvmlEccSramErrorStatus_v1_t",

@@ -2,15 +2,16 @@
 (gpuwatch/readers/rdma.py) reads.
 
 One ConnectX-7 per GPU on InfiniBand NDR (mlx5_0..7, "400 Gb/sec (4X NDR)"), each under the PCIe switch of its GPU
-as on an HGX H100 baseboard, and one ConnectX for storage on RoCE (mlx5_8, Ethernet, 200 Gb/s, interface ens9np0)
-on the CPU's root complex, beside no GPU. The files are the kernel's: ``state`` "4: ACTIVE", ``phys_state``
-"5: LinkUp", ``rate``, ``link_layer``, ``counters/`` and mlx5's ``hw_counters/`` (Documentation/ABI/stable/
-sysfs-class-infiniband; drivers/infiniband/core/sysfs.c), ``class/infiniband/mlx5_N`` a link into the device's
-PCI path, and ``bus/pci/devices/<address>`` a link to each GPU's and NIC's function.
+as on an HGX H100 baseboard, and one ConnectX for storage on RoCE (mlx5_8, Ethernet, 200 Gb/s, interface ens9np0) on
+the CPU's root complex, beside no GPU, with its interface under ``class/net`` (up; its carrier lost as
+faults.lose_storage_carrier says). The files are the kernel's: ``state`` "4: ACTIVE", ``phys_state`` "5: LinkUp",
+``rate``, ``link_layer``, ``counters/`` and mlx5's ``hw_counters/``
+(Documentation/ABI/stable/sysfs-class-infiniband; drivers/infiniband/core/sysfs.c), ``class/infiniband/mlx5_N`` a
+link into the device's PCI path, and ``bus/pci/devices/<address>`` a link to each GPU's and NIC's function.
 
-`ib_port_down`: the NIC beside the faulted GPU (GPU 2; any GPU given the scenario's fault) loses its link at 1 s (cable
-or transceiver: "1: DOWN", "2: Polling"), link_downed counting it. `ib_flapping`: that NIC's link goes down and comes
-back every 20 s, link_downed and link_error_recovery counting each flap and symbol errors each retraining.
+`ib_port_down`: the NIC beside the faulted GPU (GPU 2; any GPU given the scenario's fault) loses its link at 1 s
+(cable or transceiver: "1: DOWN", "2: Polling"), link_downed counting it. `ib_flapping`: that NIC's link goes down
+and comes back every 20 s, link_downed and link_error_recovery counting each flap and symbol errors each retraining.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ LEGACY = (
 )
 HW = ("out_of_buffer", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err")
 STORAGE_NIC = "mlx5_8"
+STORAGE_NETDEV = "ens9np0"
 
 
 class SimulatedRdma:
@@ -55,6 +57,7 @@ class SimulatedRdma:
         weakref.finalize(self, self._dir.cleanup)
         self.root = Path(self._dir.name)
         self._ports: dict[str, Path] = {}
+        self._interface: Path | None = None  # the RoCE storage NIC's network interface
         self._written: dict[Path, str] = {}  # what each file holds: a refresh rewrites only what changed
         self._build()
         self.refresh()
@@ -92,7 +95,15 @@ class SimulatedRdma:
         (port / "link_layer").write_text("Ethernet\n" if ethernet else "InfiniBand\n")
         if ethernet:
             (port / "gid_attrs" / "ndevs").mkdir(parents=True)
-            (port / "gid_attrs" / "ndevs" / "0").write_text("ens9np0\n")
+            (port / "gid_attrs" / "ndevs" / "0").write_text(f"{STORAGE_NETDEV}\n")
+            # Its interface, as Documentation/ABI/testing/sysfs-class-net lays it out: a link from class/net into the
+            # function's net/ directory, which holds operstate, speed (Mb/s) and the carrier counts.
+            interface = function / "net" / STORAGE_NETDEV
+            interface.mkdir(parents=True)
+            net = self.root / "class" / "net" / STORAGE_NETDEV
+            net.parent.mkdir(parents=True, exist_ok=True)
+            net.symlink_to(os.path.relpath(interface, net.parent))
+            self._interface = interface
         self._ports[name] = port
 
     def refresh(self) -> None:
@@ -122,8 +133,13 @@ class SimulatedRdma:
                 "counters/link_error_recovery": str(recoveries),
                 "counters/symbol_error": str(symbols),
             }
-            for relative, text in files.items():
-                target = port / relative
+            targets = {port / relative: text for relative, text in files.items()}
+            if ethernet and self._interface is not None:  # up, its carrier lost and back as the faults say
+                lost = self.node.faults.storage_carrier_losses
+                interface = {"operstate": "up", "carrier": "1", "speed": "200000", "carrier_changes": str(1 + 2 * lost)}
+                interface |= {"carrier_up_count": str(1 + lost), "carrier_down_count": str(lost)}
+                targets |= {self._interface / relative: text for relative, text in interface.items()}
+            for target, text in targets.items():
                 if self._written.get(target) == text:
                     continue
                 tmp = target.with_name(target.name + ".tmp")

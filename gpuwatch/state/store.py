@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuwatch.core.metric_spec import ExportDetail
 from gpuwatch.core.model import (
     GpuEvent,
     GpuIdentity,
@@ -24,6 +25,7 @@ from gpuwatch.core.model import (
 )
 from gpuwatch.core.xid import fold_xid
 from gpuwatch.state.ledger import LedgerView
+from gpuwatch.state.nvlinks import LinkWatch, NvlinkTotals
 from gpuwatch.state.probebook import ProbeBook, ProbeView
 
 if TYPE_CHECKING:
@@ -80,6 +82,8 @@ class StoreSnapshot:
     thawing_calls: tuple[StuckCall, ...] = ()
     state_dir_writable: bool | None = None  # False: state files cannot be written (full disk), state kept in memory
     ledger: LedgerView = field(default_factory=LedgerView)  # the faults held until repaired (gpuwatch.state.ledger)
+    nvlinks: dict[str, NvlinkTotals] = field(default_factory=dict)  # uuid -> its links summed (gpuwatch.state.nvlinks)
+    detail: ExportDetail = field(default_factory=ExportDetail)  # what the exposition serves beyond its default
 
     def fresh(self, uuid: str) -> GpuSample | None:
         """The GPU's sample if it may be served: polled successfully within 3 poll intervals."""
@@ -116,6 +120,9 @@ class SampleStore:
         self._parts: dict[str, Any] = {}  # collector -> its last run's result
         self._state_dir_writable: bool | None = None  # None: not known (an agent sets it at start)
         self._ledger = LedgerView()
+        self._links: dict[str, LinkWatch] = {}  # uuid -> its NVLink/XGMI links across polls
+        self._nvlinks: dict[str, NvlinkTotals] = {}
+        self._detail = ExportDetail()
 
     @property
     def poll_interval_seconds(self) -> float:
@@ -127,11 +134,17 @@ class SampleStore:
 
     # --- writers -------------------------------------------------------------------------------------------
 
-    def configure(self, poll_interval_seconds: float, configured_power_limit_watts: float | None) -> None:
-        """A reload's settings, both at once: a poll or a scrape sees the old pair or the new one."""
+    def configure(
+        self,
+        poll_interval_seconds: float,
+        configured_power_limit_watts: float | None,
+        detail: ExportDetail | None = None,
+    ) -> None:
+        """A reload's settings, all at once: a poll or a scrape sees the old ones or the new ones."""
         with self._lock:
             self._poll_interval_seconds = poll_interval_seconds
             self._configured_power_limit_watts = configured_power_limit_watts
+            self._detail = detail if detail is not None else ExportDetail()
 
     def add_known(self, identities: Iterable[GpuIdentity]) -> None:
         """GPUs remembered from earlier runs: exported as lost until a poll finds them."""
@@ -192,6 +205,9 @@ class SampleStore:
                 self._errors.pop(uuid, None)
                 self._accumulate_throttle(uuid, self._samples.get(uuid), reading.sample)
                 self._samples[uuid] = reading.sample
+                totals = self._links.setdefault(uuid, LinkWatch()).update(reading.sample)
+                if totals is not None:
+                    self._nvlinks[uuid] = totals
 
     def _accumulate_throttle(self, uuid: str, previous: GpuSample | None, current: GpuSample) -> None:
         """Grow each reason's counter by the device's own counter delta where both polls have one, else by the
@@ -310,6 +326,8 @@ class SampleStore:
                 ),
                 state_dir_writable=self._state_dir_writable,
                 ledger=self._ledger,
+                nvlinks=dict(self._nvlinks),
+                detail=self._detail,
             )
 
     def set_state_dir_writable(self, writable: bool) -> None:
