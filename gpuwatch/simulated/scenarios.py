@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuwatch.core.model import THROTTLE_REASONS, Vendor
-from gpuwatch.core.scenario_catalogue import SCENARIOS
+from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
 from gpuwatch.simulated import mig as mig_model
 from gpuwatch.simulated.activity import BOOT_UPTIME_S, CHANNELS, ActivityTotals, job_totals, probe_area, totals
 from gpuwatch.simulated.faults import FaultInjector
@@ -250,6 +250,8 @@ class SimulatedNode:
                 self.faults.hang(HANG_CALLS[vendor], gpu=index, after=plan.hang_after_s)
         self.clock_is_real = clock is time.monotonic
         self._mig: dict[int, MigState] = {}
+        if mig is None and scenario == "mig" and gpus:  # the scenario's GPU split as mig.SCENARIO_LAYOUT says
+            mig = {min(FAULT_GPU, gpus - 1): mig_model.SCENARIO_LAYOUT}
         for index, layout in (mig or {}).items():
             if self.vendor != "nvidia":
                 raise ValueError("MIG layouts are for NVIDIA GPUs; this node's are AMD's")
