@@ -65,6 +65,7 @@ def test_every_scenario_of_the_spec_exists() -> None:
         "corrupt",  # issue 33: a GPU whose matmul results are wrong
         "fabric_degraded",  # issue 34: an NVSwitch node whose GPU's fabric runs degraded
         "ib_port_down", "ib_flapping",  # issue 34: the NIC beside GPU 2 loses its link, or keeps losing it
+        "mig",  # issue 35: GPU 2 split into MIG instances, a job in one (tests/test_mig.py)
     }  # fmt: skip
     assert set(SCENARIOS) == spec
 

@@ -48,14 +48,14 @@ class _Families:
 
     def collect(self) -> list[Metric]:
         up = GaugeMetricFamily("gpuwatch_gpu_up", CATALOGUE["gpuwatch_gpu_up"].help, labels=["gpu", "uuid"])
-        info = GaugeMetricFamily(INFO, CATALOGUE[INFO].help, labels=["gpu", "uuid", "kind", "id", "user"])
-        memory = GaugeMetricFamily(MEMORY, CATALOGUE[MEMORY].help, labels=["gpu", "uuid", "kind", "id"])
+        info = GaugeMetricFamily(INFO, CATALOGUE[INFO].help, labels=list(CATALOGUE[INFO].labels))
+        memory = GaugeMetricFamily(MEMORY, CATALOGUE[MEMORY].help, labels=list(CATALOGUE[MEMORY].labels))
         for gpu in GPUS:
             up.add_metric(list(gpu), 1)
             for n in range(self.per_gpu):
                 job = str(100_000 + (self.poll * len(GPUS) + int(gpu[0])) * self.per_gpu + n)
-                info.add_metric([*gpu, "slurm_job", job, "alice"], 1)
-                memory.add_metric([*gpu, "slurm_job", job], 2**30)
+                info.add_metric([*gpu, "slurm_job", job, "alice", ""], 1)  # no MIG: no GPU instance
+                memory.add_metric([*gpu, "slurm_job", job, ""], 2**30)
         return [up, info, memory]
 
 

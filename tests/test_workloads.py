@@ -165,7 +165,7 @@ def test_the_simulated_node_attributes_each_busy_gpu_through_nvml_and_its_procfs
         for gpu in range(8):
             used = sim.value("gpuwatch_gpu_memory_used_bytes", gpu)
             kind, id_, _user = info[str(gpu)]
-            held = sim.value("gpuwatch_gpu_workload_memory_bytes", gpu, kind=kind, id=id_)
+            held = sim.value("gpuwatch_gpu_workload_memory_bytes", gpu, kind=kind, id=id_, gpu_instance_id="")
             assert used is not None and held == used  # one process holds all of it in the simulated node
         assert sim.value("gpuwatch_collector_success", collector="workloads") == 1
     finally:
@@ -264,7 +264,7 @@ def test_each_process_memory_comes_from_the_vendor_library(tmp_path: Path, vendo
     try:
         sim.run(2)
         process = sim.node.state(0).processes[0]
-        held = sim.value("gpuwatch_gpu_workload_memory_bytes", 0, kind="slurm_job", id="4242")
+        held = sim.value("gpuwatch_gpu_workload_memory_bytes", 0, kind="slurm_job", id="4242", gpu_instance_id="")
         assert held == process.used_memory_bytes > 0
     finally:
         sim.close()
@@ -489,7 +489,12 @@ def test_a_tenant_posing_as_a_slurm_job_or_pod_adds_nothing_to_it(tmp_path: Path
         held = [
             value
             for gpu in range(3)
-            if (value := sim.value("gpuwatch_gpu_workload_memory_bytes", gpu, kind="slurm_job", id="4242")) is not None
+            if (
+                value := sim.value(
+                    "gpuwatch_gpu_workload_memory_bytes", gpu, kind="slurm_job", id="4242", gpu_instance_id=""
+                )
+            )
+            is not None
         ]
         assert held == [sim.value("gpuwatch_gpu_memory_used_bytes", 1)]
     finally:

@@ -53,7 +53,7 @@ def workloads() -> dict[str, Any]:
             Q(f"sum by ({WORKLOAD}) (gpuwatch:gpu_workload:share{{{s}}})", table=True),
             Q(
                 f"sum by ({WORKLOAD}) (gpuwatch_gpu_workload_memory_bytes{{{s}}}"
-                " * on(instance, uuid, kind, id) group_left(user) gpuwatch_gpu_workload_info)",
+                " * on(instance, uuid, kind, id, gpu_instance_id) group_left(user) gpuwatch_gpu_workload_info)",
                 table=True,
             ),
             Q(f"sum by ({WORKLOAD}) (gpuwatch:gpu_workload:power_watts{{{s}}})", table=True),

@@ -415,6 +415,7 @@ class NvmlBackend(NvmlGpmTier):
         self._read_throttle(gpu, sample, fields)
         self._read_usage(gpu, sample)
         self._read_gpm(gpu, sample)  # nvml_gpm.py: real utilization
+        self._read_mig_fast(gpu, sample)  # nvml_mig.py: MIG devices' memory
 
     def _forget(self, gpu: _Gpu) -> None:
         """A GPU that stopped answering: free its GPM samples; it starts afresh when it answers again."""
@@ -480,6 +481,7 @@ class NvmlBackend(NvmlGpmTier):
             sample.process_memory_bytes = {
                 int(p.pid): int(p.usedGpuMemory) for p in processes if p.usedGpuMemory is not None
             }
+            sample.process_gpu_instance = self._process_instances(processes)
 
     def _memory_info(self, gpu: _Gpu) -> Any:
         """Version 2 where the binding has it: its ``used`` leaves reserved memory out, as nvidia-smi does."""

@@ -17,7 +17,8 @@ from typing import Any
 
 from gpuwatch.backends.base import BackendUnavailable
 from gpuwatch.backends.nvml_gpm_request import MetricsRequest
-from gpuwatch.backends.nvml_slow import NvmlSlowTier, _Gpu
+from gpuwatch.backends.nvml_mig import NvmlMigTier
+from gpuwatch.backends.nvml_slow import _Gpu
 from gpuwatch.backends.tiered import Unavailable
 from gpuwatch.core.model import GpuSample
 
@@ -118,7 +119,7 @@ class _GpmState:
     nvlink: dict[tuple[str, str], float] = field(default_factory=dict)  # (link, rx|tx), likewise
 
 
-class NvmlGpmTier(NvmlSlowTier):
+class NvmlGpmTier(NvmlMigTier):
     """GPM reads through the backend's choke point; NvmlBackend calls `_read_gpm` in its fast tier."""
 
     _gpm: dict[int, _GpmState]

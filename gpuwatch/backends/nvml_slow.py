@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwatch.backends.nvml_tables import (
     _FABRIC_CONFIGURATION_MASK,
@@ -27,7 +28,7 @@ from gpuwatch.backends.nvml_tables import (
 )
 from gpuwatch.backends.tiered import TieredBackend, TieredGpu
 from gpuwatch.core.latch import Latch
-from gpuwatch.core.model import COMPUTE_MODES, GpuSample
+from gpuwatch.core.model import COMPUTE_MODES, GpuSample, MigDevice
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class _Gpu(TieredGpu):
     counter_fields: dict[int, str] = field(default_factory=dict)  # field id -> throttle reason it counts
     violation_policies: dict[int, str] = field(default_factory=dict)  # policy -> reason no field counts
     persistence_off: Latch = field(default_factory=lambda: Latch(log))
+    mig: tuple[tuple[Any, MigDevice], ...] = ()  # a MIG-enabled GPU's MIG devices: (handle, identity), nvml_mig.py
 
 
 class NvmlSlowTier(TieredBackend[_Gpu]):

@@ -69,6 +69,7 @@ SCENARIO_SUMMARIES = {
     "training": "every GPU trains: tensor pipes active ~0.8",
     "dataloader_starved": "GPU 2 at 100 % utilization with SM active ~0.13 (starved of input)",
     "idle_allocated": "GPU 2: a process holds 72 GiB, nothing runs",
+    "mig": "GPU 2 in MIG mode: a 3g.40gb (a job in it) and two 2g.20gb instances",
 }
 PROBE_SCENARIO_INTERVAL_SECONDS = 10.0  # scenarios that show their fault in the probe probe this often under `run`
 

@@ -59,13 +59,14 @@ FAMILIES = (
     MetricSpec(
         "gpuwatch_gpu_workload_info",
         "gauge",
-        (*GPU, "kind", "id", "user"),
-        "A workload holding the GPU (kind: slurm_job, k8s_pod, container, systemd_unit, process, unknown, other); 1.",
+        (*GPU, "kind", "id", "user", "gpu_instance_id"),
+        "A workload holding the GPU (kind: slurm_job, k8s_pod, container, systemd_unit, process, unknown, other); 1. "
+        "gpu_instance_id: the MIG GPU instance its processes run in, empty on a GPU without MIG.",
     ),
     MetricSpec(
         "gpuwatch_gpu_workload_memory_bytes",
         "gauge",
-        (*GPU, "kind", "id"),
+        (*GPU, "kind", "id", "gpu_instance_id"),
         "GPU memory the workload's compute processes hold, where the vendor reports it for each of them.",
     ),
 )
@@ -81,6 +82,7 @@ class GpuWorkload:
     user: str  # the user holding most of its GPU memory; "" where unknown or several summed
     memory_bytes: int | None  # None: the vendor did not report every one of its processes' memory
     processes: int
+    gpu_instance_id: str = ""  # the MIG GPU instance its processes run in; "" on a GPU without MIG
 
 
 Workloads = Mapping[str, tuple[GpuWorkload, ...]]  # what a run stores: GPU uuid -> its workloads, largest first
@@ -89,8 +91,8 @@ Workloads = Mapping[str, tuple[GpuWorkload, ...]]  # what a run stores: GPU uuid
 def export_gpu(part: Workloads | None, gpu: tuple[str, str], out: SampleSink) -> None:
     """The GPU's workloads as of the last run (none before the first)."""
     for w in (part or {}).get(gpu[1], ()):
-        out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user), 1)
-        out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id), w.memory_bytes)
+        out.add("gpuwatch_gpu_workload_info", (*gpu, w.kind, w.id, w.user, w.gpu_instance_id), 1)
+        out.add("gpuwatch_gpu_workload_memory_bytes", (*gpu, w.kind, w.id, w.gpu_instance_id), w.memory_bytes)
 
 
 @dataclass(slots=True)
@@ -113,16 +115,21 @@ def attribute(
     sample: GpuSample, owner: Callable[[int], ProcessOwner | Workload | None], max_per_gpu: int
 ) -> tuple[GpuWorkload, ...]:
     """A GPU's workloads: its processes grouped by `owner` (a workload and user, a workload without a user —
-    ``unknown`` —, or None for a process that is gone), the largest `max_per_gpu` by memory, the rest as "other"."""
-    groups: dict[Workload, _Group] = {}
+    ``unknown`` —, or None for a process that is gone) and the MIG GPU instance they run in, the largest
+    `max_per_gpu` by memory, the rest as "other"."""
+    groups: dict[tuple[Workload, str], _Group] = {}
+    instances = sample.process_gpu_instance
     for pid in sample.process_pids or ():
         found = owner(pid)
         if found is None:
             continue
         workload, user = (found.workload, found.user) if isinstance(found, ProcessOwner) else (found, "")
-        groups.setdefault(workload, _Group()).add(user, sample.process_memory_bytes.get(pid))
-    ranked = sorted(groups.items(), key=lambda item: (-(item[1].memory or 0), item[0].kind, item[0].id))
-    out = [_workload(w, g, max(g.users, key=lambda u: (g.users[u], u))) for w, g in ranked[:max_per_gpu]]
+        instance = str(instances[pid]) if pid in instances else ""
+        groups.setdefault((workload, instance), _Group()).add(user, sample.process_memory_bytes.get(pid))
+    ranked = sorted(
+        groups.items(), key=lambda item: (-(item[1].memory or 0), item[0][0].kind, item[0][0].id, item[0][1])
+    )
+    out = [_workload(w, g, max(g.users, key=lambda u: (g.users[u], u)), i) for (w, i), g in ranked[:max_per_gpu]]
     if len(ranked) > max_per_gpu:
         rest = _Group()
         for _w, group in ranked[max_per_gpu:]:
@@ -131,8 +138,8 @@ def attribute(
     return tuple(out)
 
 
-def _workload(workload: Workload, group: _Group, user: str) -> GpuWorkload:
-    return GpuWorkload(workload.kind, workload.id, user, group.memory, group.processes)
+def _workload(workload: Workload, group: _Group, user: str, gpu_instance_id: str = "") -> GpuWorkload:
+    return GpuWorkload(workload.kind, workload.id, user, group.memory, group.processes, gpu_instance_id)
 
 
 class WorkloadsCollector:

@@ -65,6 +65,19 @@ class GpuIdentity:
     vbios_version: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device of a MIG-enabled NVIDIA GPU: a compute instance within a GPU instance, with the memory of its
+    GPU instance (docs/mig.md)."""
+
+    uuid: str  # MIG-…
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # as nvidia-smi names it: 3g.40gb, or 1c.3g.40gb for a compute instance smaller than its GPU instance
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
 @dataclass(slots=True)
 class GpuSample:
     """One complete reading of one GPU: the fast tier of this poll merged with the last slow and static tiers."""
@@ -94,7 +107,9 @@ class GpuSample:
     memory_total_bytes: int | None = None
     process_pids: tuple[int, ...] | None = None  # host PIDs of compute processes
     process_memory_bytes: dict[int, int] = field(default_factory=dict)  # host PID -> GPU memory, where reported
+    process_gpu_instance: dict[int, int] = field(default_factory=dict)  # host PID -> its MIG GPU instance's ID
     mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()  # a MIG-enabled GPU's MIG devices, by GPU and compute instance ID
     compute_partitions: int | None = None  # AMD: partitions its GPU is split into (SPX 1, CPX 8), on partition 0
     ecc_enabled: bool | None = None
     persistence_mode_enabled: bool | None = None

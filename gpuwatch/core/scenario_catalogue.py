@@ -47,6 +47,13 @@ SCENARIOS: dict[str, ScenarioInfo] = {
             probe_slowdown={6: 0.2},
         ),
         ScenarioInfo("busy", "every GPU under full load at its power cap (sw_power_cap active): healthy", None, True),
+        ScenarioInfo(
+            "mig",
+            "GPU 2 runs in MIG mode, split into a 3g.40gb and two 2g.20gb instances, a training job in the "
+            "3g.40gb: healthy, every instance watched (the probe skips the MIG GPU)",
+            FAULT_GPU,
+            gpu_faults={FAULT_GPU: "MIG mode: a 3g.40gb and two 2g.20gb instances, a job in the 3g.40gb (not a fault)"},
+        ),
         _single(
             "overheating",
             "core temperature climbs past the slowdown threshold (89 °C) within ~8 s; "

@@ -194,6 +194,28 @@ _SPECS: tuple[MetricSpec, ...] = (
         "The GPU's modes, always 1: ecc, persistence_mode and mig each 1 (enabled), 0 (disabled) or empty (not "
         "reported); a mode change is a new series. MIG: also a non-default AMD compute partition.",
     ),
+    # MIG (docs/mig.md): a MIG-enabled GPU's MIG devices, labelled by the parent's gpu and uuid so that sums by
+    # (gpu, uuid) add instances back up to their GPU.
+    _m(
+        "gpuwatch_mig_device_info",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile", "mig_uuid"),
+        "1 per MIG device (a compute instance in a GPU instance) of a MIG-enabled GPU: its instance IDs, its profile "
+        "as nvidia-smi names it (3g.40gb; 1c.3g.40gb for a compute instance smaller than its GPU instance) and its "
+        "MIG-… UUID.",
+    ),
+    _m(
+        "gpuwatch_mig_memory_used_bytes",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
+        "Memory used in the MIG device's GPU instance (compute instances of one GPU instance share it).",
+    ),
+    _m(
+        "gpuwatch_mig_memory_total_bytes",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
+        "Memory of the MIG device's GPU instance.",
+    ),
     # Real utilization (docs/reading-the-metrics.md): what the silicon did, where utilization_ratio says only that a
     # kernel ran. NVIDIA: NVML GPM (Hopper and newer); absent, never 0, on GPUs that cannot measure it.
     _m(

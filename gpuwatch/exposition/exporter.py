@@ -136,6 +136,7 @@ def export(snap: StoreSnapshot, out: _Out) -> None:
         every_link = identity.vendor in snap.detail.nvlink_per_link
         _readings(gpu, sample, snap.configured_power_limit_watts, snap.detail, out)
         _nvlinks(gpu, sample, links, every_link, out)
+        _mig(gpu, sample, out)
         whole = snap.detail.dcgm
         throttled = snap.throttle_seconds.get(identity.uuid, {})
         out.add_each("gpuwatch_gpu_throttle_seconds_total", gpu, _counted(throttled, _RULES_THROTTLE, whole))
@@ -441,6 +442,15 @@ def _nvlinks(gpu: tuple[str, str], s: GpuSample, links: NvlinkTotals | None, eve
     for (link, direction), total in sorted(s.nvlink_bytes_total.items(), key=_link_order):
         if every_link or link in shown:
             out.add("gpuwatch_gpu_nvlink_bytes_total", (*gpu, link, direction), total)
+
+
+def _mig(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
+    """A MIG-enabled GPU's MIG devices (docs/mig.md); nothing for a GPU without MIG."""
+    for device in s.mig_devices:
+        instance = (*gpu, str(device.gpu_instance_id), str(device.compute_instance_id), device.profile)
+        out.add("gpuwatch_mig_device_info", (*instance, device.uuid), 1)
+        out.add("gpuwatch_mig_memory_used_bytes", instance, device.memory_used_bytes)
+        out.add("gpuwatch_mig_memory_total_bytes", instance, device.memory_total_bytes)
 
 
 def _link_order(item: tuple[Any, Any]) -> tuple[int, Any]:

@@ -143,3 +143,16 @@ def totals(plan: GpuPlan, jitter: Jitter, t: float, links: int) -> ActivityTotal
         nvlink_rx_bytes=rx,
         nvlink_tx_bytes=tx,
     )
+
+
+def job_totals(work: str | None, jitter: Jitter, since: float, t: float) -> ActivityTotals:
+    """The counters since boot at `t` of a share of a GPU (a MIG instance) whose job, of workload `work` (None: no
+    job), ran from `since`: the same shares and wobble as a whole GPU's, integrated over the job's time only."""
+    area = _modulation_integral(jitter, max(0.0, t)) - _modulation_integral(jitter, max(0.0, min(since, t)))
+    base = _profile(work) if work is not None else {}
+    return ActivityTotals(
+        uptime_s=BOOT_UPTIME_S + max(0.0, t),
+        active_s={ch: base.get(ch, 0.0) * area for ch in CHANNELS},
+        nvlink_rx_bytes=(),
+        nvlink_tx_bytes=(),
+    )

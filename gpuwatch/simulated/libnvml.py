@@ -25,9 +25,11 @@ from ctypes import POINTER, c_int, c_int32, c_uint, c_ulonglong, c_void_p, cast
 from typing import Any, TypeVar
 
 from gpuwatch.simulated import nvml_constants as c
+from gpuwatch.simulated.mig import MigDevice
 from gpuwatch.simulated.nvml_errors import NvmlFailure
 from gpuwatch.simulated.nvml_fields import HwCounterQuirk, field_numbering, fill_field_values
 from gpuwatch.simulated.nvml_gpm import GPM_PROTOTYPES, GpmFunctions
+from gpuwatch.simulated.nvml_mig import MIG_PROTOTYPES, MigFunctions, mig_name
 from gpuwatch.simulated.nvml_structs import (
     nvmlEccSramErrorStatus_v1_t,
     nvmlEventData_t,
@@ -45,7 +47,7 @@ from gpuwatch.simulated.nvml_structs import (
     nvmlUtilization_t,
     nvmlViolationTime_t,
 )
-from gpuwatch.simulated.scenarios import GpuSpec, GpuState, SimEvent, SimulatedNode
+from gpuwatch.simulated.scenarios import GpuSpec, GpuState, SimEvent, SimProcess, SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -286,9 +288,9 @@ def _guarded(name: str, driver: _Driver, implementation: Callable[..., int | Non
     return call
 
 
-class _Driver(GpmFunctions):
+class _Driver(GpmFunctions, MigFunctions):
     """What the library's functions do: one method per C function (``@_export`` names it and its arguments;
-    the GPM functions are GpmFunctions', nvml_gpm.py)."""
+    the GPM functions are GpmFunctions', nvml_gpm.py, the MIG ones MigFunctions', nvml_mig.py)."""
 
     def __init__(
         self, node: SimulatedNode, latency_scale: float, hw_counter_quirk: HwCounterQuirk, driver_version: str | None
@@ -320,29 +322,53 @@ class _Driver(GpmFunctions):
     def _enter(
         self, names: tuple[str, ...], device: int | None = None, *, needs_device: bool = False, about: int | None = None
     ) -> int:
-        """Uninitialized / InvalidArgument / injected faults / GpuIsLost, in that order; returns the GPU index.
+        """Uninitialized / InvalidArgument / injected faults / GpuIsLost / NotSupported on a MIG device handle, in
+        that order; returns the GPU index.
 
         Faults match the C symbol called, or a name of pynvml's that reaches it (``nvmlInit`` for
-        nvmlInitWithFlags); never another symbol that shares the implementation.
+        nvmlInitWithFlags); never another symbol that shares the implementation. A MIG device handle reaches only
+        the calls that take one (they call `_enter_any`): nvml.h documents the others for "the target device" alone,
+        and names no code for a MIG handle there; the simulation answers NotSupported ("if the device does not
+        support this feature"), as utilization is on a MIG-enabled GPU (nvml.h 13.3.29 line 7075).
         """
+        if not needs_device:
+            return self._gate(names, None, about)[0]
+        index, mig = self._gate(names, device or 0, about)
+        if mig is not None:
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+        return index
+
+    def _enter_any(
+        self, names: tuple[str, ...], device: int | None = None, *, about: int | None = None
+    ) -> tuple[int, MigDevice | None]:
+        """The gate for a call that takes a GPU's handle or a MIG device's: (the GPU's index, the MIG device or
+        None). A MIG device handle whose instance is gone is InvalidArgument (nvml.h line 13421: it "would remain
+        invalid and must be requested again")."""
+        return self._gate(names, device or 0, about)
+
+    def _gate(self, names: tuple[str, ...], device: int | None, about: int | None) -> tuple[int, MigDevice | None]:
         symbol = getattr(self.calling, "symbol", names[0])
         names = (symbol, *(name for name in names if name != symbol and name not in _PROTOTYPES))
         with self._lock:
             if self._refcount == 0:
                 raise NvmlFailure(c.NVML_ERROR_UNINITIALIZED)
         index = -1
-        if needs_device:
+        mig: MigDevice | None = None
+        if device is not None:
             found = self._device_by_address.get(device or 0)
             if found is None:
-                raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+                mig = self.mig_device_at(device)
+                if mig is None:
+                    raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+                found = mig.gpu
             index = found
-        code = self.node.faults.before_call(names, index if needs_device else about)
+        code = self.node.faults.before_call(names, index if device is not None else about)
         if code is not None:
             raise NvmlFailure(code)
-        if needs_device and self.node.is_lost(index):
+        if device is not None and self.node.is_lost(index):
             raise NvmlFailure(c.NVML_ERROR_GPU_IS_LOST)
         self._sleep(names[0])
-        return index
+        return index, mig
 
     def _gpu(self, name: str, device: int | None, *aliases: str) -> tuple[GpuSpec, GpuState]:
         index = self._enter((name, *aliases), device, needs_device=True)
@@ -417,6 +443,13 @@ class _Driver(GpmFunctions):
         for i in range(self.node.gpu_count):
             if self.node.spec(i).uuid == wanted:
                 return self._write_handle(i, out)
+        if wanted.startswith("MIG-"):  # nvml.h line 4682: "The UUID of the target GPU or MIG instance"
+            for i in range(self.node.gpu_count):
+                for mig in self.node.mig_devices(i):
+                    if mig.uuid == wanted:
+                        if self.node.is_lost(i):
+                            raise NvmlFailure(c.NVML_ERROR_GPU_IS_LOST)
+                        return _write(out, c_void_p, self.mig_device_address(mig))
         raise NvmlFailure(c.NVML_ERROR_NOT_FOUND)
 
     @_export(_P, _P)
@@ -436,7 +469,10 @@ class _Driver(GpmFunctions):
 
     @_export(_P, _P)
     def nvmlDeviceGetIndex(self, device: int, out: int) -> None:
-        _write(out, c_uint, self._spec("nvmlDeviceGetIndex", device).index)
+        """A MIG device's index under its parent (nvml.h line 4818: "indices that can be passed to
+        nvmlDeviceGetMigDeviceHandleByIndex to retrieve an identical handle")."""
+        index, mig = self._enter_any(("nvmlDeviceGetIndex",), device)
+        _write(out, c_uint, index if mig is None else mig.index)
 
     @_export(_P, _P)
     def nvmlDeviceGetMinorNumber(self, device: int, out: int) -> None:
@@ -444,11 +480,15 @@ class _Driver(GpmFunctions):
 
     @_export(_P, _P, c_uint)
     def nvmlDeviceGetName(self, device: int, out: int, length: int) -> None:
-        _write_string(out, length, self._spec("nvmlDeviceGetName", device).model)
+        index, mig = self._enter_any(("nvmlDeviceGetName",), device)
+        spec = self.node.spec(index)
+        _write_string(out, length, spec.model if mig is None else mig_name(spec, mig))
 
     @_export(_P, _P, c_uint)
     def nvmlDeviceGetUUID(self, device: int, out: int, length: int) -> None:
-        _write_string(out, length, self._spec("nvmlDeviceGetUUID", device).uuid)
+        """A MIG device's own `MIG-` UUID (nvml.h line 5170)."""
+        index, mig = self._enter_any(("nvmlDeviceGetUUID",), device)
+        _write_string(out, length, self.node.spec(index).uuid if mig is None else mig.uuid)
 
     @_export(_P, _P, c_uint)
     def nvmlDeviceGetSerial(self, device: int, out: int, length: int) -> None:
@@ -508,15 +548,13 @@ class _Driver(GpmFunctions):
         self._spec("nvmlDeviceGetPersistenceMode", device)
         _write(out, c_uint, c.NVML_FEATURE_ENABLED)
 
-    @_export(_P, _P, _P)
-    def nvmlDeviceGetMigMode(self, device: int, current: int, pending: int) -> None:
-        self._spec("nvmlDeviceGetMigMode", device)
-        _write(current, c_uint, c.NVML_DEVICE_MIG_DISABLE)
-        _write(pending, c_uint, c.NVML_DEVICE_MIG_DISABLE)
-
     @_export(_P, _P)
     def nvmlDeviceGetComputeMode(self, device: int, out: int) -> None:
-        self._spec("nvmlDeviceGetComputeMode", device)
+        """nvml.h line 6757: "If MIG is enabled on a GPU, device must be MIG device handle"; the GPU's own handle then
+        answers NotSupported (nvml.h names no code for it: unverified)."""
+        index, mig = self._enter_any(("nvmlDeviceGetComputeMode",), device)
+        if mig is None and self.mig_enabled(index):
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
         _write(out, c_uint, c.NVML_COMPUTEMODE_DEFAULT)
 
     # --- temperature ------------------------------------------------------------------------------------------
@@ -646,29 +684,45 @@ class _Driver(GpmFunctions):
     # --- utilization, memory, fans, processes ----------------------------------------------------------------
     @_export(_P, _P)
     def nvmlDeviceGetUtilizationRates(self, device: int, out: int) -> None:
-        state = self._gpu("nvmlDeviceGetUtilizationRates", device)[1]
+        """nvml.h line 7075: "On MIG-enabled GPUs, querying device utilization rates is not currently supported"."""
+        spec, state = self._gpu("nvmlDeviceGetUtilizationRates", device)
+        if self.mig_enabled(spec.index):
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
         rates = _struct(out, nvmlUtilization_t)
         rates.gpu = round(state.utilization * 100)
         rates.memory = round(state.memory_utilization * 100)
 
+    # In MIG mode the GPU's handle answers for the whole GPU, a MIG device's for its GPU instance alone (nvml.h lines
+    # 6678-6680 and 6722-6724: "if device handle is provided, the API returns aggregate information ... Per-instance
+    # information can be queried by using specific MIG device handles"). An instance's memory is its profile's,
+    # shared by its compute instances, none of it reserved by the driver (a simplification).
     @_export(_P, _P)
     def nvmlDeviceGetMemoryInfo(self, device: int, out: int) -> None:
-        spec, state = self._gpu("nvmlDeviceGetMemoryInfo", device)
+        total, reserved, used = self._memory(("nvmlDeviceGetMemoryInfo",), device)
         memory = _struct(out, nvmlMemory_t)
-        memory.total = spec.memory_total_bytes
-        memory.used = spec.memory_reserved_bytes + state.memory_used_bytes  # v1 counts the driver's share
+        memory.total = total
+        memory.used = reserved + used  # v1 counts the driver's share
         memory.free = memory.total - memory.used
 
     @_export(_P, _P)
     def nvmlDeviceGetMemoryInfo_v2(self, device: int, out: int) -> None:
-        spec, state = self._gpu("nvmlDeviceGetMemoryInfo_v2", device, "nvmlDeviceGetMemoryInfo")
+        total, reserved, used = self._memory(("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"), device)
         memory = _struct(out, nvmlMemory_v2_t)
         if memory.version != c.nvmlMemory_v2:
             raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        memory.total = spec.memory_total_bytes
-        memory.reserved = spec.memory_reserved_bytes
-        memory.used = state.memory_used_bytes
-        memory.free = spec.memory_total_bytes - spec.memory_reserved_bytes - state.memory_used_bytes
+        memory.total = total
+        memory.reserved = reserved
+        memory.used = used
+        memory.free = total - reserved - used
+
+    def _memory(self, names: tuple[str, ...], device: int) -> tuple[int, int, int]:
+        """(total, reserved by the driver, used by processes) of a GPU or a MIG device's GPU instance."""
+        index, mig = self._enter_any(names, device)
+        spec, state = self.node.spec(index), self.node.state(index)
+        if mig is None:
+            return spec.memory_total_bytes, spec.memory_reserved_bytes, state.memory_used_bytes
+        used = sum(p.used_memory_bytes for p in state.processes if p.gpu_instance_id == mig.gpu_instance.id)
+        return mig.gpu_instance.profile.memory_bytes, 0, used
 
     @_export(_P, _P)
     def nvmlDeviceGetNumFans(self, device: int, out: int) -> None:
@@ -687,9 +741,19 @@ class _Driver(GpmFunctions):
 
     @_export(_P, _P, _P, names=("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"))
     def nvmlDeviceGetComputeRunningProcesses_v3(self, device: int, count: int, out: int) -> None:
+        """A MIG device's processes, the GPU's all (nvml.h lines 7378-7380: "In MIG mode, if device handle is provided,
+        the API returns aggregate information ... Per-instance information can be queried by using specific MIG device
+        handles"), each with the GPU and compute instance it runs in (0xFFFFFFFF without MIG, lines 310-313)."""
         names = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3")
-        state = self.node.state(self._enter(names, device, needs_device=True))
-        _write_array(count, out, nvmlProcessInfo_t, state.processes, _fill_process)
+        index, mig = self._enter_any(names, device)
+        processes: Sequence[SimProcess] = self.node.state(index).processes
+        if mig is not None:
+            processes = [
+                p
+                for p in processes
+                if (p.gpu_instance_id, p.compute_instance_id) == (mig.gpu_instance.id, mig.compute_instance.id)
+            ]
+        _write_array(count, out, nvmlProcessInfo_t, processes, _fill_process)
 
     @_export(_P, _P, _P)
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, device: int, count: int, out: int) -> None:
@@ -716,7 +780,11 @@ class _Driver(GpmFunctions):
 
     @_export(_P, _P, _P, _P, _P)
     def nvmlDeviceGetRemappedRows(self, device: int, corr: int, unc: int, pending: int, failure: int) -> None:
-        k = self._gpu("nvmlDeviceGetRemappedRows", device)[1].counters
+        """nvml.h line 8431: NotSupported "If MIG is enabled"."""
+        spec, state = self._gpu("nvmlDeviceGetRemappedRows", device)
+        if self.mig_enabled(spec.index):
+            raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
+        k = state.counters
         _write(corr, c_uint, k.remapped_correctable)
         _write(unc, c_uint, k.remapped_uncorrectable)
         _write(pending, c_uint, int(k.remap_pending))
@@ -1014,11 +1082,11 @@ def _write_array(
         fill(struct.from_address(int(out or 0) + i * ctypes.sizeof(struct)), item)
 
 
-def _fill_process(info: nvmlProcessInfo_t, process: Any) -> None:
+def _fill_process(info: nvmlProcessInfo_t, process: SimProcess) -> None:
     info.pid = process.pid
     info.usedGpuMemory = process.used_memory_bytes
-    info.gpuInstanceId = _NO_INSTANCE
-    info.computeInstanceId = _NO_INSTANCE
+    info.gpuInstanceId = _NO_INSTANCE if process.gpu_instance_id is None else process.gpu_instance_id
+    info.computeInstanceId = _NO_INSTANCE if process.compute_instance_id is None else process.compute_instance_id
 
 
 def _clock_name(clock_type: int) -> str:
@@ -1061,4 +1129,5 @@ def _parse_bus_id(bus_id: str) -> tuple[int, int, int, int] | None:
 
 
 _PROTOTYPES.update(GPM_PROTOTYPES)
+_PROTOTYPES.update(MIG_PROTOTYPES)
 PROTOTYPES = _PROTOTYPES  # for the conformance test: every exported C name and its argument types

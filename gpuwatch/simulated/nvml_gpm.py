@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from gpuwatch.simulated import nvml_constants as c
 from gpuwatch.simulated.activity import CHANNELS
+from gpuwatch.simulated.mig import MigDevice
 from gpuwatch.simulated.nvml_errors import NvmlFailure
 from gpuwatch.simulated.nvml_structs import nvmlGpmMetric_t, nvmlGpmMetricsGetHeader_t, nvmlGpmSupport_t
 from gpuwatch.simulated.scenarios import GpuSpec, SimulatedNode
@@ -53,6 +54,8 @@ class _GpmSample(Structure):
         ("magic", c_uint64),
         ("filled", c_uint32),
         ("gpu", c_int32),
+        ("gpu_instance", c_int32),  # the MIG GPU instance sampled, -1 for the whole GPU
+        ("compute_instance", c_int32),  # the MIG device's compute instance, -1 for a whole GPU instance
         ("elapsed", c_double),  # node seconds when sampled
         ("cycles_elapsed", c_double),  # SM cycles since boot, counted at the SM's maximum clock
         ("graphics_active", c_double),  # cycles any context was active (utilization.gpu's meaning)
@@ -109,6 +112,20 @@ _METRIC_INFO: dict[int, tuple[str | None, str | None, str | None]] = {
     c.NVML_GPM_METRIC_PCIE_TX_PER_SEC: ("pcitx", "PCIE_TX_PER_SEC", "MiB/s"),
     c.NVML_GPM_METRIC_PCIE_RX_PER_SEC: ("pcirx", "PCIE_RX_PER_SEC", "MiB/s"),
 }
+# What a MIG instance's samples have no share of: PCIe and NVLink traffic belong to the whole GPU (the simulation's
+# choice: nvml.h says nothing of per-instance PCIe or NVLink metrics).
+_WHOLE_GPU_ONLY = frozenset(
+    {
+        c.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        c.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+        c.NVML_GPM_METRIC_PCIE_TX,
+        c.NVML_GPM_METRIC_PCIE_RX,
+        c.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+        c.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+        *range(c.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC, c.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC + 2 * _LINKS),
+        *range(c.NVML_GPM_METRIC_NVLINK_L0_RX, c.NVML_GPM_METRIC_NVLINK_L0_RX + 2 * 72),  # links 0-71
+    }
+)
 # The strings live as long as the library: metricInfo holds pointers into them.
 _NAMES: dict[int, tuple[ctypes.Array[ctypes.c_char] | None, ...]] = {
     metric: tuple(None if text is None else ctypes.create_string_buffer(text.encode()) for text in info)
@@ -140,6 +157,11 @@ class GpmFunctions:
     def _spec(self, name: str, device: int | None, *aliases: str) -> GpuSpec:
         raise NotImplementedError
 
+    def _enter_any(
+        self, names: tuple[str, ...], device: int | None = None, *, about: int | None = None
+    ) -> tuple[int, MigDevice | None]:
+        raise NotImplementedError
+
     @property
     def _gpm_samples(self) -> dict[int, _GpmSample]:
         """Samples allocated and not yet freed, by address (what keeps their memory alive)."""
@@ -155,11 +177,12 @@ class GpmFunctions:
 
     @_export(_P, _P)
     def nvmlGpmQueryDeviceSupport(self, device: int, out: int) -> None:
-        spec = self._spec("nvmlGpmQueryDeviceSupport", device)
+        """nvml.h line 13950: "This API supports the device handle and MIG device handle"."""
+        index, _ = self._enter_any(("nvmlGpmQueryDeviceSupport",), device)
         support = _struct(out, nvmlGpmSupport_t)
         if support.version != c.NVML_GPM_SUPPORT_VERSION:
             raise NvmlFailure(c.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        support.isSupportedDevice = int(self.gpm_supported(spec.index))
+        support.isSupportedDevice = int(self.gpm_supported(index))
 
     @_export(_P)
     def nvmlGpmSampleAlloc(self, out: int) -> None:
@@ -178,28 +201,54 @@ class GpmFunctions:
 
     @_export(_P, _P)
     def nvmlGpmSampleGet(self, device: int, sample: int) -> None:
-        index = self._enter(("nvmlGpmSampleGet",), device, needs_device=True)
-        self._fill(index, sample)
+        """A GPU's counters, or a MIG device's (nvml.h line 13913: "This API supports the device handle and MIG device
+        handle"): its compute instance's."""
+        index, mig = self._enter_any(("nvmlGpmSampleGet",), device)
+        scope = (-1, -1) if mig is None else (mig.gpu_instance.id, mig.compute_instance.id)
+        self._fill(index, sample, scope)
 
     @_export(_P, c_uint, _P)
     def nvmlGpmMigSampleGet(self, device: int, gpu_instance: int, sample: int) -> None:
+        """One MIG GPU instance's counters, by the parent GPU's handle and the instance's ID (nvml.h lines
+        13925-13943). With MIG disabled, or no GPU instance of that ID, there is none to sample: InvalidArgument
+        (nvml.h names no code for it; unverified)."""
         index = self._enter(("nvmlGpmMigSampleGet",), device, needs_device=True)
         if not self.gpm_supported(index):
             raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
-        raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)  # MIG is disabled: there is no GPU instance of that id
+        view = self.node.mig(index)
+        if view is None or not view.enabled or view.gpu_instance(gpu_instance) is None:
+            raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+        self._fill(index, sample, (gpu_instance, -1))
 
-    def _fill(self, index: int, address: int) -> None:
+    def _fill(self, index: int, address: int, scope: tuple[int, int] = (-1, -1)) -> None:
         if not self.gpm_supported(index):
             raise NvmlFailure(c.NVML_ERROR_NOT_SUPPORTED)
         sample = self._gpm_samples.get(address or 0)
         if sample is None:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
-        refreshes: dict[int, _GpmSample] = self.__dict__.setdefault("_gpm_refreshes", {})
-        counters = refreshes.get(index)
+        refreshes: dict[tuple[int, int, int], _GpmSample] = self.__dict__.setdefault("_gpm_refreshes", {})
+        key = (index, *scope)
+        counters = refreshes.get(key)
         if counters is None or self.node.elapsed() - counters.elapsed >= _REFRESH_SECONDS:
-            counters = refreshes[index] = _GpmSample(magic=_MAGIC, gpu=-1)
-            self._refresh(index, counters)
+            counters = refreshes[key] = _GpmSample(magic=_MAGIC, gpu=-1)
+            if scope == (-1, -1):
+                self._refresh(index, counters)
+            else:
+                self._refresh_instance(index, scope, counters)
         ctypes.pointer(sample)[0] = counters  # a copy of the counters as last refreshed
+
+    def _refresh_instance(self, index: int, scope: tuple[int, int], sample: _GpmSample) -> None:
+        """A MIG instance's counters now: its jobs' activity (SimulatedNode.mig_activity), SM cycles at the SM's
+        maximum clock as for the whole GPU; no PCIe or NVLink bytes of its own (the metrics answer NotSupported)."""
+        gi, ci = scope
+        hz = self.node.spec(index).clock_max_mhz["sm"] * 1e6
+        activity = self.node.mig_activity(index, gi, None if ci < 0 else ci)
+        sample.filled, sample.gpu, sample.elapsed = 1, index, activity.elapsed
+        sample.gpu_instance, sample.compute_instance = gi, ci
+        sample.cycles_elapsed = activity.uptime_s * hz
+        sample.graphics_active = activity.busy_s * hz
+        for i, channel in enumerate(CHANNELS):
+            sample.active[i] = activity.active_s[channel] * hz
 
     def _refresh(self, index: int, sample: _GpmSample) -> None:
         """The GPU's counters now, as its internal refresh reads them every _REFRESH_SECONDS."""
@@ -208,6 +257,7 @@ class GpmFunctions:
         hz = spec.clock_max_mhz["sm"] * 1e6
         now = state.activity
         sample.filled, sample.gpu, sample.elapsed = 1, index, state.elapsed
+        sample.gpu_instance = sample.compute_instance = -1
         sample.cycles_elapsed = now.uptime_s * hz
         sample.graphics_active = (state.elapsed if plan.busy else 0.0) * hz  # utilization.gpu is 0 or 1 here
         for i, channel in enumerate(CHANNELS):
@@ -229,12 +279,17 @@ class GpmFunctions:
         second = self._gpm_samples.get(header.sample2 or 0)
         if first is None or second is None or not (first.filled and second.filled) or first.gpu != second.gpu:
             raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)
+        if (first.gpu_instance, first.compute_instance) != (second.gpu_instance, second.compute_instance):
+            raise NvmlFailure(c.NVML_ERROR_INVALID_ARGUMENT)  # two samples of different MIG instances
         links = min(self.node.spec(second.gpu).nvlink_links, _LINKS)
+        instance = second.gpu_instance >= 0
         cumulative = _major(self.driver_version) >= CUMULATIVE_SINCE_DRIVER
         metrics = cast(address + ctypes.sizeof(nvmlGpmMetricsGetHeader_t), POINTER(nvmlGpmMetric_t))
         for i in range(header.numMetrics):
             metric = metrics[i]
             value = _metric(int(metric.metricId), first, second, links, cumulative)
+            if instance and isinstance(value, float) and int(metric.metricId) in _WHOLE_GPU_ONLY:
+                value = (c.NVML_ERROR_NOT_SUPPORTED,)
             metric.nvmlReturn = c.NVML_SUCCESS if isinstance(value, float) else value[0]
             metric.value = value if isinstance(value, float) else 0.0
             names = _NAMES.get(int(metric.metricId))

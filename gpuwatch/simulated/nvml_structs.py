@@ -198,6 +198,113 @@ class nvmlGpmSupport_t(Structure):
     _fields_ = [("version", c_uint), ("isSupportedDevice", c_uint)]
 
 
+class nvmlGpuInstancePlacement_t(Structure):
+    _fields_ = [("start", c_uint), ("size", c_uint)]
+
+
+_GPU_INSTANCE_PROFILE_FIELDS = [
+    ("id", c_uint),
+    ("isP2pSupported", c_uint),
+    ("sliceCount", c_uint),
+    ("instanceCount", c_uint),
+    ("multiprocessorCount", c_uint),
+    ("copyEngineCount", c_uint),
+    ("decoderCount", c_uint),
+    ("encoderCount", c_uint),
+    ("jpegCount", c_uint),
+    ("ofaCount", c_uint),
+    ("memorySizeMB", c_ulonglong),
+]
+
+
+class nvmlGpuInstanceProfileInfo_t(Structure):
+    """nvml.h 13.3.29 lines 12558-12571."""
+
+    _fields_ = _GPU_INSTANCE_PROFILE_FIELDS
+
+
+class nvmlGpuInstanceProfileInfo_v2_t(Structure):
+    """nvml.h lines 12581-12596: a version first, the profile's name last."""
+
+    _fields_ = [
+        ("version", c_uint),
+        *_GPU_INSTANCE_PROFILE_FIELDS,
+        ("name", c_char * c.NVML_DEVICE_NAME_V2_BUFFER_SIZE),
+    ]
+
+
+class nvmlGpuInstanceInfo_t(Structure):
+    """nvml.h lines 12631-12637: the parent nvmlDevice_t, the instance's ID, its profile ID and placement."""
+
+    _fields_ = [
+        ("device", c_void_p),
+        ("id", c_uint),
+        ("profileId", c_uint),
+        ("placement", nvmlGpuInstancePlacement_t),
+    ]
+
+
+class nvmlComputeInstancePlacement_t(Structure):
+    _fields_ = [("start", c_uint), ("size", c_uint)]
+
+
+_COMPUTE_INSTANCE_PROFILE_FIELDS = [
+    ("id", c_uint),
+    ("sliceCount", c_uint),
+    ("instanceCount", c_uint),
+    ("multiprocessorCount", c_uint),
+    ("sharedCopyEngineCount", c_uint),
+    ("sharedDecoderCount", c_uint),
+    ("sharedEncoderCount", c_uint),
+    ("sharedJpegCount", c_uint),
+    ("sharedOfaCount", c_uint),
+]
+
+
+class nvmlComputeInstanceProfileInfo_t(Structure):
+    """nvml.h lines 12668-12679."""
+
+    _fields_ = _COMPUTE_INSTANCE_PROFILE_FIELDS
+
+
+class nvmlComputeInstanceProfileInfo_v2_t(Structure):
+    """nvml.h lines 12689-12702."""
+
+    _fields_ = [
+        ("version", c_uint),
+        *_COMPUTE_INSTANCE_PROFILE_FIELDS,
+        ("name", c_char * c.NVML_DEVICE_NAME_V2_BUFFER_SIZE),
+    ]
+
+
+class nvmlComputeInstanceInfo_t(Structure):
+    """nvml.h lines 12736-12743: parent device, parent GPU instance, ID, profile ID, placement in the GPU instance."""
+
+    _fields_ = [
+        ("device", c_void_p),
+        ("gpuInstance", c_void_p),
+        ("id", c_uint),
+        ("profileId", c_uint),
+        ("placement", nvmlComputeInstancePlacement_t),
+    ]
+
+
+class nvmlDeviceAttributes_t(Structure):
+    """nvml.h lines 362-373 (nvmlDeviceGetAttributes_v2, which "currently only supports MIG device handles")."""
+
+    _fields_ = [
+        ("multiprocessorCount", c_uint),
+        ("sharedCopyEngineCount", c_uint),
+        ("sharedDecoderCount", c_uint),
+        ("sharedEncoderCount", c_uint),
+        ("sharedJpegCount", c_uint),
+        ("sharedOfaCount", c_uint),
+        ("gpuInstanceSliceCount", c_uint),
+        ("computeInstanceSliceCount", c_uint),
+        ("memorySizeMB", c_ulonglong),
+    ]
+
+
 # Structs only the newer nvidia-ml-py releases define: the layout test checks them where the release has them.
 NEWER_BINDING_NAMES = frozenset({"c_nvmlGpuFabricInfo_v3_t"})
 # Structs the oldest release defines at another layout than nvml.h's: the layout test holds them to the newest
@@ -224,4 +331,13 @@ BINDING_NAMES: dict[type[Structure] | type[Union], str] = {
     nvmlGpmMetricInfo_t: "c_metricInfo_t",
     nvmlGpmMetric_t: "c_nvmlGpmMetric_t",
     nvmlGpmSupport_t: "c_nvmlGpmSupport_t",
+    nvmlGpuInstancePlacement_t: "c_nvmlGpuInstancePlacement_t",
+    nvmlGpuInstanceProfileInfo_t: "c_nvmlGpuInstanceProfileInfo_t",
+    nvmlGpuInstanceProfileInfo_v2_t: "c_nvmlGpuInstanceProfileInfo_v2_t",
+    nvmlGpuInstanceInfo_t: "c_nvmlGpuInstanceInfo_t",
+    nvmlComputeInstancePlacement_t: "c_nvmlComputeInstancePlacement_t",
+    nvmlComputeInstanceProfileInfo_t: "c_nvmlComputeInstanceProfileInfo_t",
+    nvmlComputeInstanceProfileInfo_v2_t: "c_nvmlComputeInstanceProfileInfo_v2_t",
+    nvmlComputeInstanceInfo_t: "c_nvmlComputeInstanceInfo_t",
+    nvmlDeviceAttributes_t: "c_nvmlDeviceAttributes",
 }

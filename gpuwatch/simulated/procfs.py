@@ -85,6 +85,8 @@ class SimulatedProcfs:
         for index in range(node.gpu_count):
             cgroup, uid, comm = _WORKLOADS[index % len(_WORKLOADS)]
             self._write_process(process_pid(node.seed, index), cgroup, uid, comm, started_ticks)
+            for pid in node.mig_job_pids(index):  # a MIG GPU's jobs run in its instances, as the GPU's workload
+                self._write_process(pid, cgroup, uid, comm, started_ticks)
 
     def _write_self(self) -> None:
         """The reader's own entry, as in the host's PID namespace: one NSpid, /proc without hidepid."""

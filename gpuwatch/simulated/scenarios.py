@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuwatch.core.model import THROTTLE_REASONS, Vendor
-from gpuwatch.core.scenario_catalogue import SCENARIOS
-from gpuwatch.simulated.activity import ActivityTotals, probe_area, totals
+from gpuwatch.core.scenario_catalogue import FAULT_GPU, SCENARIOS
+from gpuwatch.simulated import mig as mig_model
+from gpuwatch.simulated.activity import BOOT_UPTIME_S, CHANNELS, ActivityTotals, job_totals, probe_area, totals
 from gpuwatch.simulated.faults import FaultInjector
+from gpuwatch.simulated.mig import MigDevice, MigInstanceSpec, MigLayout, MigState, MigView
 from gpuwatch.simulated.physics import (
     PROFILES,
     Counters,
@@ -81,10 +83,19 @@ def process_pid(seed: int, index: int) -> int:
     return 40000 + 1013 * index + seed % 997
 
 
+def mig_job_pid(seed: int, index: int, gpu_instance_id: int) -> int:
+    """The PID of the job running in MIG GPU instance `gpu_instance_id` of GPU `index` (the procfs gives it the GPU's
+    workload)."""
+    return process_pid(seed, index) + 1 + gpu_instance_id
+
+
 @dataclass(frozen=True, slots=True)
 class SimProcess:
     pid: int
     used_memory_bytes: int
+    # The MIG GPU and compute instance it runs in; None on a GPU without MIG.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +132,17 @@ class GpuState:
     pcie_rx_bytes: int
     nvlink_up: tuple[bool, ...]  # one per link; empty without NVLink
     activity: ActivityTotals  # SM / tensor / pipe / DRAM activity and NVLink/XGMI bytes since boot (activity.py)
+
+
+@dataclass(frozen=True, slots=True)
+class MigActivity:
+    """A MIG instance's activity counters since boot: seconds each channel was active (share-weighted), seconds a
+    job ran in it (utilization's meaning), at `elapsed` node seconds."""
+
+    elapsed: float
+    uptime_s: float
+    active_s: dict[str, float]
+    busy_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +195,9 @@ class SimulatedNode:
     `clock` gives elapsed time (monotonic seconds); `wall_clock` is read once at start, and unix timestamps are
     that start plus the elapsed time, so a fake `clock` drives both. `nvlink=True` gives every GPU NVLinks (the
     H100 fixture's GPU had none usable: NVLink calls raise NotSupported by default). `gpu_scenarios` gives single
-    GPUs a scenario's fault on top of `scenario` (see with_gpu_scenarios).
+    GPUs a scenario's fault on top of `scenario` (see with_gpu_scenarios). `mig` gives GPUs a MIG mode and instances
+    (mig.py; mig.SCENARIO_LAYOUT is the issue's `mig` scenario's); a GPU without one has MIG disabled, as the H100
+    fixture's.
     """
 
     def __init__(
@@ -187,6 +211,7 @@ class SimulatedNode:
         *,
         nvlink: bool = False,
         gpu_scenarios: Mapping[int, str] | None = None,
+        mig: Mapping[int, MigLayout] | None = None,
     ) -> None:
         if vendor not in PROFILES:
             raise ValueError(f"unknown vendor {vendor!r}; known: {', '.join(PROFILES)}")
@@ -224,6 +249,23 @@ class SimulatedNode:
             if plan.hang_after_s is not None:  # a driver call that never returns on this GPU (scenario nvml_hang)
                 self.faults.hang(HANG_CALLS[vendor], gpu=index, after=plan.hang_after_s)
         self.clock_is_real = clock is time.monotonic
+        self._mig: dict[int, MigState] = {}
+        if mig is None and scenario == "mig" and gpus:  # the scenario's GPU split as mig.SCENARIO_LAYOUT says
+            mig = {min(FAULT_GPU, gpus - 1): mig_model.SCENARIO_LAYOUT}
+        for index, layout in (mig or {}).items():
+            if self.vendor != "nvidia":
+                raise ValueError("MIG layouts are for NVIDIA GPUs; this node's are AMD's")
+            if not 0 <= index < gpus:
+                raise ValueError(f"MIG layout for GPU {index}, but the node has GPUs 0-{gpus - 1}")
+            try:
+                state = mig_model.new_state(layout)
+            except ValueError as exc:
+                raise ValueError(f"MIG layout of GPU {index}: {exc}") from exc
+            self._mig[index] = state
+            for gi in state.instances.values():  # jobs of the layout run from the start, with their PIDs
+                for ci in gi.compute_instances:
+                    if ci.job:
+                        mig_model.set_job(state, gi.id, ci.job, now=0.0, pid=mig_job_pid(seed, index, gi.id))
 
     # --- scenario facts ------------------------------------------------------------------------------------------
     @property
@@ -274,6 +316,82 @@ class SimulatedNode:
 
     def spec(self, index: int) -> GpuSpec:
         return self._specs[index]
+
+    # --- MIG ----------------------------------------------------------------------------------------------------
+    def mig(self, index: int) -> MigView | None:
+        """GPU `index`'s MIG mode and instances now; None for a GPU given no MIG layout (MIG disabled)."""
+        with self._lock:
+            state = self._mig.get(index)
+            return None if state is None else mig_model.view(state)
+
+    def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
+        """GPU `index`'s MIG devices now, in index order (none while MIG is disabled)."""
+        return mig_model.devices(self.seed, index, self.mig(index))
+
+    def mig_job_pids(self, index: int) -> tuple[int, ...]:
+        """The PIDs of the jobs running in GPU `index`'s MIG instances now."""
+        return tuple(d.compute_instance.pid for d in self.mig_devices(index) if d.compute_instance.job)
+
+    def create_gpu_instance(self, index: int, spec: MigInstanceSpec) -> int:
+        """Create a GPU instance (and its compute instances) on GPU `index` while the node runs, as `nvidia-smi mig
+        -cgi ... -C` would; returns its ID. ValueError when the driver would refuse."""
+        with self._lock:
+            state = self._mig_state(index)
+            now = self.elapsed()
+            gi = mig_model.create(state, replace(spec, job=None), now=now, pid=0)
+            if spec.job:
+                mig_model.set_job(state, gi.id, spec.job, now=now, pid=mig_job_pid(self.seed, index, gi.id))
+            self._cache.pop(index, None)
+            return gi.id
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        """Destroy a GPU instance of GPU `index` (`nvidia-smi mig -dci -gi ID; -dgi -gi ID`); ValueError when a job
+        still runs in it."""
+        with self._lock:
+            mig_model.destroy(self._mig_state(index), gpu_instance_id)
+            self._cache.pop(index, None)
+
+    def set_mig_job(self, index: int, gpu_instance_id: int, job: str | None) -> None:
+        """Start a job (an activity.py workload: busy, training, ...) in a GPU instance of GPU `index`, or end it
+        (None)."""
+        with self._lock:
+            pid = mig_job_pid(self.seed, index, gpu_instance_id)
+            mig_model.set_job(self._mig_state(index), gpu_instance_id, job, now=self.elapsed(), pid=pid)
+            self._cache.pop(index, None)
+
+    def mig_activity(self, index: int, gpu_instance_id: int, compute_instance_id: int | None = None) -> MigActivity:
+        """The activity counters since boot of a GPU instance (or one of its compute instances) of GPU `index`: its
+        jobs' workloads since each started (activity.job_totals), a GPU instance's compute instances weighted by their
+        share of its SMs; ValueError when it has none of that ID."""
+        view = self.mig(index)
+        gi = None if view is None else view.gpu_instance(gpu_instance_id)
+        if gi is None:
+            raise ValueError(f"GPU {index} has no MIG GPU instance {gpu_instance_id}")
+        cis = [ci for ci in gi.compute_instances if compute_instance_id in (None, ci.id)]
+        if not cis:
+            raise ValueError(
+                f"GPU instance {gpu_instance_id} of GPU {index} has no compute instance {compute_instance_id}"
+            )
+        t = round(self.elapsed(), 6)
+        active = dict.fromkeys(CHANNELS, 0.0)
+        busy = 0.0
+        for ci in cis:
+            weight = (
+                1.0
+                if compute_instance_id is not None
+                else mig_model.compute_multiprocessors(gi, ci.slices) / gi.profile.multiprocessors
+            )
+            done = job_totals(ci.job, self._jitter[index], ci.job_since, t)
+            for channel, seconds in done.active_s.items():
+                active[channel] += weight * seconds
+            busy += weight * (max(0.0, t - ci.job_since) if ci.job else 0.0)
+        return MigActivity(elapsed=t, uptime_s=BOOT_UPTIME_S + t, active_s=active, busy_s=busy)
+
+    def _mig_state(self, index: int) -> MigState:
+        state = self._mig.get(index)
+        if state is None or not state.enabled:
+            raise ValueError(f"MIG is not enabled on GPU {index}: give it a MigLayout when creating the node")
+        return state
 
     def pci_gpu_counts(self) -> dict[str, int]:
         """GPUs of each vendor on the PCI bus, as pci.count_pci_gpus() reads it: a lost GPU stays on the bus."""
@@ -364,7 +482,16 @@ class SimulatedNode:
         limit = plan.power_limit_watts or spec.power_limit_default_watts
         processes: tuple[SimProcess, ...] = ()
         used = 0
-        if plan.busy or plan.work == "idle_allocated":  # idle_allocated: a process holds memory, runs nothing
+        mig = self._mig.get(index)
+        if mig is not None and mig.enabled:  # in MIG mode every process runs in an instance: the jobs of the layout
+            processes = tuple(
+                SimProcess(ci.pid, int(gi.profile.memory_bytes * mig_model.JOB_MEMORY_SHARE), gi.id, ci.id)
+                for gi in sorted(mig.instances.values(), key=lambda g: g.id)
+                for ci in gi.compute_instances
+                if ci.job
+            )
+            used = sum(p.used_memory_bytes for p in processes)
+        elif plan.busy or plan.work == "idle_allocated":  # idle_allocated: a process holds memory, runs nothing
             used = self.profile.busy_memory_used_bytes + int(64 * 2**20 * (1.0 + jitter.constant(8)))
             processes = (SimProcess(pid=process_pid(self.seed, index), used_memory_bytes=used),)
         links = spec.nvlink_links

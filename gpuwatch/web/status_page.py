@@ -307,6 +307,34 @@ def _network_section(snap: StoreSnapshot) -> str:
     )
 
 
+def _mig_section(snap: StoreSnapshot) -> str:
+    """Each MIG-enabled GPU's MIG devices (docs/mig.md): instance IDs, profile, memory and the workloads in each;
+    nothing on a node without MIG."""
+    workloads = snap.parts.get("workloads") or {}
+    rows = []
+    for uuid, identity in sorted(snap.identities.items(), key=lambda item: item[1].index):
+        sample = snap.fresh(uuid)
+        for device in sample.mig_devices if sample is not None else ():
+            held = [
+                f"{w.kind} {w.id}" for w in workloads.get(uuid, ()) if w.gpu_instance_id == str(device.gpu_instance_id)
+            ]
+            used, total = device.memory_used_bytes, device.memory_total_bytes
+            memory = "" if used is None or total is None else f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB"
+            rows.append(
+                f'<tr><td class="l">{identity.index}</td><td>{device.gpu_instance_id}</td>'
+                f'<td>{device.compute_instance_id}</td><td class="l">{html.escape(device.profile)}</td>'
+                f'<td>{memory}</td><td class="l">{html.escape(", ".join(held)) or "—"}</td>'
+                f'<td class="l"><small>{html.escape(device.uuid)}</small></td></tr>'
+            )
+    if not rows:
+        return ""
+    return (
+        '<h2>MIG instances</h2><table id="mig"><tr><th class="l">GPU</th><th>GPU instance</th>'
+        '<th>compute instance</th><th class="l">profile</th><th>memory</th><th class="l">workloads</th>'
+        f'<th class="l">MIG UUID</th></tr>{"".join(rows)}</table>'
+    )
+
+
 def _probe_line(snap: StoreSnapshot) -> str:
     probe = snap.probe
     if not probe.enabled:
@@ -394,6 +422,7 @@ def render_status_page(snap: StoreSnapshot) -> str:
 {table}
 {_host_section(snap)}
 {_network_section(snap)}
+{_mig_section(snap)}
 <p id="probe">{html.escape(_probe_line(snap))}</p>
 <p><small>Each finding is the condition of the alert it links, with the rules' thresholds: overheating at the GPU's own
 slowdown threshold, runs hot within {HOT_MARGIN_CELSIUS:.0f} °C of it · power-capped: enforced limit below

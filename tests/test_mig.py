@@ -1,0 +1,105 @@
+"""MIG (issue #35): each MIG device of a MIG-enabled GPU watched as what it is, through the real agent, the NVML
+backend and the simulated libnvidia-ml, whose MIG calls follow nvml.h 13.3.29 (tests/test_nvml_mig_conformance.py).
+Scenario `mig`: GPU 2 split into a 3g.40gb (a training job in it) and two 2g.20gb; the other GPUs without MIG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from simnode import SimAgent
+
+from gpuwatch.simulated.mig import MigInstanceSpec
+from gpuwatch.web.status_page import render_status_page
+
+MIG_GPU = 2
+SLOW_POLL = 31.0  # MIG devices are enumerated on slow polls (agent.slow_poll_interval_seconds, 30 s)
+GIB = 2**30
+
+
+def _devices(sim: SimAgent, gpu: int) -> dict[str, dict[str, str]]:
+    """gpu_instance_id -> the labels of its gpuwatch_mig_device_info series."""
+    parent = sim.gpu(gpu)
+    found = {}
+    for name, labels in sim.samples():
+        label = dict(labels)
+        if name == "gpuwatch_mig_device_info" and label["uuid"] == parent["uuid"]:
+            assert label["gpu"] == parent["gpu"]  # the parent's labels: sums by (gpu, uuid) are the GPU's
+            found[label["gpu_instance_id"]] = label
+    return found
+
+
+def _memory(sim: SimAgent, name: str, gpu: int, gi: str, profile: str) -> float | None:
+    return sim.value(name, gpu, gpu_instance_id=gi, compute_instance_id="0", mig_profile=profile)
+
+
+@pytest.fixture
+def sim(tmp_path: Path):  # type: ignore[no-untyped-def]
+    agent = SimAgent(tmp_path, "mig")
+    yield agent
+    agent.close()
+
+
+def test_each_instance_is_served_with_its_ids_profile_and_memory(sim: SimAgent) -> None:
+    sim.run(2)
+    devices = _devices(sim, MIG_GPU)
+    assert {gi: d["mig_profile"] for gi, d in devices.items()} == {"1": "3g.40gb", "5": "2g.20gb", "6": "2g.20gb"}
+    assert all(d["compute_instance_id"] == "0" and d["mig_uuid"].startswith("MIG-") for d in devices.values())
+    assert len({d["mig_uuid"] for d in devices.values()}) == 3
+    big = _memory(sim, "gpuwatch_mig_memory_total_bytes", MIG_GPU, "1", "3g.40gb")
+    small = _memory(sim, "gpuwatch_mig_memory_total_bytes", MIG_GPU, "5", "2g.20gb")
+    assert big is not None and 39 * GIB < big < 40 * GIB and small is not None and 19 * GIB < small < 20 * GIB
+    gpu_total = sim.value("gpuwatch_gpu_memory_total_bytes", MIG_GPU)
+    assert gpu_total is not None and big + 2 * small <= gpu_total
+    used = _memory(sim, "gpuwatch_mig_memory_used_bytes", MIG_GPU, "1", "3g.40gb")
+    assert used is not None and used > 30 * GIB  # the training job's
+    assert _memory(sim, "gpuwatch_mig_memory_used_bytes", MIG_GPU, "6", "2g.20gb") == 0.0
+    for other in (0, 1, 3):  # no MIG: no MIG series
+        assert _devices(sim, other) == {}
+    modes = [dict(labels) for name, labels in sim.samples() if name == "gpuwatch_gpu_modes_info"]
+    assert {m["gpu"]: m["mig"] for m in modes}[str(MIG_GPU)] == "1"
+
+
+def test_the_job_is_attributed_to_its_gpu_instance(sim: SimAgent) -> None:
+    sim.run(2)
+    (workload,) = [dict(labels) for name, labels in sim.samples() if name == "gpuwatch_gpu_workload_info"]
+    assert workload["gpu"] == str(MIG_GPU) and workload["gpu_instance_id"] == "1"
+    held = sim.value(
+        "gpuwatch_gpu_workload_memory_bytes", MIG_GPU, kind=workload["kind"], id=workload["id"], gpu_instance_id="1"
+    )
+    assert held is not None and held > 30 * GIB
+
+
+def test_instances_created_and_destroyed_while_the_agent_runs_come_and_go(sim: SimAgent) -> None:
+    sim.run(2)
+    sim.node.destroy_gpu_instance(MIG_GPU, 6)
+    sim.run(SLOW_POLL)
+    assert set(_devices(sim, MIG_GPU)) == {"1", "5"}
+    assert _memory(sim, "gpuwatch_mig_memory_total_bytes", MIG_GPU, "6", "2g.20gb") is None
+    created = sim.node.create_gpu_instance(MIG_GPU, MigInstanceSpec("1g.10gb", job="busy"))
+    sim.run(SLOW_POLL)
+    devices = _devices(sim, MIG_GPU)
+    assert devices[str(created)]["mig_profile"] == "1g.10gb" and len(devices) == 3
+    sample = sim.agent.store.snapshot().fresh(sim.gpu(MIG_GPU)["uuid"])
+    assert sample is not None and sorted(sample.process_gpu_instance.values()) == sorted([1, created])
+
+
+def test_the_status_page_lists_the_instances_and_their_jobs(sim: SimAgent) -> None:
+    sim.run(2)
+    page = render_status_page(sim.agent.store.snapshot())
+    table = page[page.index('<table id="mig">') :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr>") == 4  # the header and three instances
+    job = table[table.index("3g.40gb") :]
+    assert table.count("2g.20gb") == 2 and "k8s_pod" in job[: job.index("</tr>")]  # the job, in its instance's row
+
+
+def test_the_probe_skips_the_mig_gpu_says_why_and_leaves_its_instances(sim: SimAgent) -> None:
+    sim.run(2)
+    before = _devices(sim, MIG_GPU)
+    sim.probe_round()
+    assert sim.value("gpuwatch_probe_runs_total", MIG_GPU, result="skipped_unsupported") == 1.0
+    probed = sim.agent.store.snapshot().probe
+    assert "MIG" in str(probed.last_any.get(sim.gpu(MIG_GPU)["uuid"]))
+    sim.run(SLOW_POLL)
+    assert _devices(sim, MIG_GPU) == before  # never created nor destroyed an instance
