@@ -151,3 +151,9 @@ def test_unknown_scenario_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, {"simulated": {"scenario": "nosuch"}})
     assert info.value.key == "simulated.scenario"
+
+
+def test_the_mig_scenario_on_an_amd_node_is_a_config_error_that_says_what_to_do() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"simulated": {"scenario": "mig", "vendor": "amd"}})
+    assert info.value.key == "simulated.scenario" and "vendor nvidia" in str(info.value)

@@ -41,8 +41,11 @@ def library_and_fast(collector: Collector, accept: str) -> tuple[bytes, bytes | 
     return encoder(registry), render(collector.collect(), fmt)
 
 
-@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
-@pytest.mark.parametrize("scenario", IN_THREAD_SCENARIOS)
+@pytest.mark.parametrize(
+    "scenario, vendor",
+    # `mig` splits an NVIDIA GPU with MIG: an AMD node refuses it (test_mig.py holds that).
+    [(s, v) for s in IN_THREAD_SCENARIOS for v in ("nvidia", "amd") if (s, v) != ("mig", "amd")],
+)
 def test_every_scenario_renders_exactly_as_the_library_does(tmp_path: Path, scenario: str, vendor: str) -> None:
     sim = SimAgent(tmp_path, scenario=scenario, gpus=3, vendor=vendor, probe={"interval_seconds": 60.0})
     try:

@@ -103,3 +103,8 @@ def test_the_probe_skips_the_mig_gpu_says_why_and_leaves_its_instances(sim: SimA
     assert "MIG" in str(probed.last_any.get(sim.gpu(MIG_GPU)["uuid"]))
     sim.run(SLOW_POLL)
     assert _devices(sim, MIG_GPU) == before  # never created nor destroyed an instance
+
+
+def test_an_amd_node_refuses_the_mig_scenario_and_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--vendor nvidia"):
+        SimAgent(tmp_path, "mig", vendor="amd")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
@@ -21,6 +21,17 @@ LITERALS = [
     if get_origin(value) is Literal and all(isinstance(arg, str) for arg in get_args(value))
 ]
 SCALAR = "(" + "|".join(["str", "int", "float", "bool", *LITERALS]) + ")"
+IMMUTABLE = re.compile(rf"^({SCALAR}( \| None)?|tuple\[{SCALAR}, \.\.\.\]( \| None)?|{SCALAR} \| None)$")
+# The model's records (a MIG device, …) are as immutable as a scalar where they are frozen and hold only scalars.
+RECORDS = [
+    name
+    for name, value in vars(model).items()
+    if isinstance(value, type)
+    and is_dataclass(value)
+    and value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    and all(IMMUTABLE.match(str(f.type)) for f in fields(value))
+]
+SCALAR = "(" + "|".join(["str", "int", "float", "bool", *LITERALS, *RECORDS]) + ")"
 IMMUTABLE = re.compile(rf"^({SCALAR}( \| None)?|tuple\[{SCALAR}, \.\.\.\]( \| None)?|{SCALAR} \| None)$")
 DICT = re.compile(rf"^dict\[({SCALAR}|tuple\[{SCALAR}, {SCALAR}\]), {SCALAR}\]$")
 

@@ -351,6 +351,11 @@ def _validate(config: Config, problems: _Problems) -> None:
         check(False, "agent.listen", str(exc))
     sim = config.simulated
     check(sim.scenario in SCENARIOS, "simulated.scenario", f"must be one of {', '.join(SCENARIOS)}")
+    check(
+        not (sim.scenario == "mig" and sim.vendor == "amd"),
+        "simulated.scenario",
+        "'mig' splits an NVIDIA GPU with MIG: run it with the vendor nvidia (--vendor nvidia)",
+    )
     check(1 <= sim.gpus <= 64, "simulated.gpus", "must be between 1 and 64")
     check(0 <= sim.boot <= 1_000_000, "simulated.boot", "must be between 0 and 1000000")
     check(

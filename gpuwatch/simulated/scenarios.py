@@ -251,6 +251,8 @@ class SimulatedNode:
         self.clock_is_real = clock is time.monotonic
         self._mig: dict[int, MigState] = {}
         if mig is None and scenario == "mig" and gpus:  # the scenario's GPU split as mig.SCENARIO_LAYOUT says
+            if self.vendor != "nvidia":
+                raise ValueError("scenario 'mig' splits an NVIDIA GPU with MIG: run it with --vendor nvidia")
             mig = {min(FAULT_GPU, gpus - 1): mig_model.SCENARIO_LAYOUT}
         for index, layout in (mig or {}).items():
             if self.vendor != "nvidia":
