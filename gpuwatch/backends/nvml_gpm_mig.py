@@ -4,11 +4,12 @@ A MIG-enabled GPU's utilization is not answered by NVML, and its whole-GPU GPM s
 busy. nvml.h 13.3 (NVIDIA/go-nvml gen/nvml/nvml.h at 8b8585b, lines 13925-13943) has nvmlGpmMigSampleGet(device,
 gpuInstanceId, sample): "a sample of GPM metrics ... for a MIG GPU Instance", taken through the parent GPU's handle,
 read back with nvmlGpmMetricsGet like the GPU's own samples, and "the interval between two nvmlGpmMigSampleGet()
-calls should be greater than 100ms". So each GPU instance gets two sample buffers of its own, as the GPU does in nvml_gpm.py: a sample
-each poll, the shares of the interval between the last two. Compute instances of one GPU instance share its samples
-and its shares, as they share its memory. An instance is known by its GPU instance ID and the UUID of its first MIG
-device (a destroyed instance's ID is reused by the next one created, its UUID never), and its buffers are freed when
-the slow poll no longer finds it, when MIG is disabled, when the GPU stops answering and when the backend closes.
+calls should be greater than 100ms". So each GPU instance gets two sample buffers of its own, as the GPU does in
+nvml_gpm.py: a sample each poll, the shares of the interval between the last two. Compute instances of one GPU
+instance share its samples and its shares, as they share its memory. An instance is known by its GPU instance ID and
+the UUID of its first MIG device (a destroyed instance's ID is reused by the next one created, its UUID never), and
+its buffers are freed when the slow poll no longer finds it, when MIG is disabled, when the GPU stops answering and
+when the backend closes.
 """
 
 from __future__ import annotations
