@@ -28,8 +28,17 @@ NODES = 3
 # node-002 is busy: every GPU has a compute process, in the Slurm job, pod, container, unit or process its simulated
 # procfs gives it (gpuwatch/simulated/procfs.py); its GPU 4 is busy but starved of input (utilization 100 %, SM
 # active ~13 %: the real-utilization panels). node-001 is an HGX node (NVSwitches, a NIC per GPU) for the network and
-# fabric panels: the NIC beside its GPU 5 flaps, its GPU 6's NVLink fabric runs degraded.
-FAULTS = ["0=mixed", "1/3=xid", "1/5=ib_flapping", "1/6=fabric_degraded", "2=busy", "2/4=dataloader_starved"]
+# fabric panels: the NIC beside its GPU 5 flaps, its GPU 6's NVLink fabric runs degraded. node-001 runs scenario mig
+# besides (its GPU 2 split into a 3g.40gb with a training job and two 2g.20gb) for the MIG instances row.
+FAULTS = [
+    "0=mixed",
+    "1=mig",
+    "1/3=xid",
+    "1/5=ib_flapping",
+    "1/6=fabric_degraded",
+    "2=busy",
+    "2/4=dataloader_starved",
+]
 
 DEADLINE_SECONDS = 240  # rates need two scrapes; the XID alert fires at its first evaluation after the event
 

@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
+from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.mig import MigInstanceSpec
+from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.web.status_page import render_status_page
 
 MIG_GPU = 2
 SLOW_POLL = 31.0  # MIG devices are enumerated on slow polls (agent.slow_poll_interval_seconds, 30 s)
 GIB = 2**30
+ACTIVITY = ("gpuwatch_mig_sm_active_ratio", "gpuwatch_mig_tensor_active_ratio", "gpuwatch_mig_dram_active_ratio")
 
 
 def _devices(sim: SimAgent, gpu: int) -> dict[str, dict[str, str]]:
@@ -103,6 +107,70 @@ def test_the_probe_skips_the_mig_gpu_says_why_and_leaves_its_instances(sim: SimA
     assert "MIG" in str(probed.last_any.get(sim.gpu(MIG_GPU)["uuid"]))
     sim.run(SLOW_POLL)
     assert _devices(sim, MIG_GPU) == before  # never created nor destroyed an instance
+
+
+def _activity(sim: SimAgent, gi: str, profile: str) -> dict[str, float | None]:
+    """metric -> the value of GPU instance `gi` of the MIG GPU (its compute instance 0)."""
+    return {name: _memory(sim, name, MIG_GPU, gi, profile) for name in ACTIVITY}
+
+
+def _gpm_buffers(sim: SimAgent) -> int:
+    """GPM sample buffers the simulated libnvidia-ml holds allocated (nvmlGpmSampleAlloc, not yet freed)."""
+    backend = sim.slot.backend
+    assert backend is not None
+    return len(backend._lib.nvmlLib.driver._gpm_samples)
+
+
+def test_each_gpu_instance_has_its_own_gpm_activity(sim: SimAgent) -> None:
+    """nvmlGpmMigSampleGet per GPU instance: the training job's 3g.40gb busy, the idle 2g.20gb at 0, not absent."""
+    sim.run(3)
+    busy = _activity(sim, "1", "3g.40gb")
+    assert busy["gpuwatch_mig_sm_active_ratio"] is not None and busy["gpuwatch_mig_sm_active_ratio"] > 0.5
+    assert busy["gpuwatch_mig_tensor_active_ratio"] is not None and busy["gpuwatch_mig_tensor_active_ratio"] > 0.3
+    assert busy["gpuwatch_mig_dram_active_ratio"] is not None and busy["gpuwatch_mig_dram_active_ratio"] > 0.1
+    for gi in ("5", "6"):
+        assert _activity(sim, gi, "2g.20gb") == dict.fromkeys(ACTIVITY, 0.0)
+    assert not [name for name, labels in sim.samples() if name in ACTIVITY and dict(labels)["gpu"] != str(MIG_GPU)]
+    # Two buffers per GPU (8 GPUs of GPM) and two per GPU instance of the MIG GPU.
+    assert _gpm_buffers(sim) == 2 * 8 + 2 * 3
+
+
+def test_an_instance_s_gpm_buffers_go_with_it_and_a_new_one_measures_its_own_job(sim: SimAgent) -> None:
+    sim.run(3)
+    sim.node.destroy_gpu_instance(MIG_GPU, 6)
+    sim.run(SLOW_POLL)
+    assert _gpm_buffers(sim) == 2 * 8 + 2 * 2  # the destroyed instance's pair freed
+    assert _activity(sim, "6", "2g.20gb") == dict.fromkeys(ACTIVITY, None)
+    created = sim.node.create_gpu_instance(MIG_GPU, MigInstanceSpec("1g.10gb", job="busy"))
+    sim.run(SLOW_POLL)
+    assert _gpm_buffers(sim) == 2 * 8 + 2 * 3
+    new = _activity(sim, str(created), "1g.10gb")
+    assert new["gpuwatch_mig_sm_active_ratio"] is not None and new["gpuwatch_mig_sm_active_ratio"] > 0.5
+    assert _activity(sim, "5", "2g.20gb")["gpuwatch_mig_sm_active_ratio"] == 0.0
+    backend = sim.slot.backend
+    assert backend is not None
+    backend.close()
+    assert backend._lib.nvmlLib.driver._gpm_samples == {}  # close frees every instance's buffers too
+
+
+def test_a_gpu_without_gpm_has_no_instance_activity_and_allocates_nothing() -> None:
+    """An A100 (compute capability 8.0) in MIG mode: nvmlGpmQueryDeviceSupport says no GPM, so no buffer is allocated
+    and the instances have memory but no activity series (absent, never 0)."""
+    node = SimulatedNode("mig", gpus=4, clock=lambda: 5.0, wall_clock=lambda: 1_800_000_000.0)
+    lib = simulated_pynvml(node, compute_capability=(8, 0))
+    backend = NvmlBackend(lib, clock=lambda: 1_800_000_000.0)
+    backend.open()
+    try:
+        readings = [backend.poll(slow=i == 0) for i in range(3)]
+        (mig_gpu,) = [r.sample for r in readings[-1] if r.sample is not None and r.sample.mig_devices]
+        assert lib.nvmlLib.driver._gpm_samples == {}
+    finally:
+        backend.close()
+    assert len(mig_gpu.mig_devices) == 3 and all(d.memory_total_bytes for d in mig_gpu.mig_devices)
+    assert all(
+        (d.sm_active_ratio, d.tensor_active_ratio, d.dram_active_ratio) == (None, None, None)
+        for d in mig_gpu.mig_devices
+    )
 
 
 def test_an_amd_node_refuses_the_mig_scenario_and_says_what_to_do(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from gpuwatch.core.thresholds import threshold
 
 from .board import ON_OFF, Board, Q, ds_variable, node_link, query_variable, steps
+from .mig import mig_instances_node
 from .promql import (
     GPU_LEGEND,
     HOST_SEL,
@@ -171,6 +172,7 @@ def node_detail() -> dict[str, Any]:
     )
 
     real_utilization_node(b, s)
+    mig_instances_node(b, s)
 
     b.row("Throttling")
     b.state_timeline(

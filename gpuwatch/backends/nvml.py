@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gpuwatch.backends.base import BackendUnavailable
-from gpuwatch.backends.nvml_gpm import NvmlGpmTier
+from gpuwatch.backends.nvml_gpm_mig import NvmlMigGpmTier
 from gpuwatch.backends.nvml_slow import _Gpu
 from gpuwatch.backends.nvml_tables import (
     _CLOCKS,
@@ -64,7 +64,7 @@ def load_pynvml() -> Any:
         raise BackendUnavailable("nvidia-ml-py is not installed: pip install 'gpuwatch-agent[nvidia]'") from exc
 
 
-class NvmlBackend(NvmlGpmTier):
+class NvmlBackend(NvmlMigGpmTier):
     """NVIDIA GPUs through NVML; see the module docstring for the tiers and the choke point."""
 
     name: str = "nvml"

@@ -76,6 +76,10 @@ class MigDevice:
     profile: str  # as nvidia-smi names it: 3g.40gb, or 1c.3g.40gb for a compute instance smaller than its GPU instance
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
+    # Its GPU instance's GPM over the last poll interval, 0-1 (nvmlGpmMigSampleGet: nvml_gpm_mig.py); None unread.
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
 
 
 @dataclass(slots=True)

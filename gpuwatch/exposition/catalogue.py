@@ -216,6 +216,27 @@ _SPECS: tuple[MetricSpec, ...] = (
         (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
         "Memory of the MIG device's GPU instance.",
     ),
+    _m(
+        "gpuwatch_mig_sm_active_ratio",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
+        "Share 0-1 of its GPU instance's SM time with at least one warp resident, over the last poll interval "
+        "(NVML GPM SM_UTIL of nvmlGpmMigSampleGet; compute instances of one GPU instance share it).",
+    ),
+    _m(
+        "gpuwatch_mig_tensor_active_ratio",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
+        "Share 0-1 of time any tensor pipe of its GPU instance was active, over the last poll interval (NVML GPM "
+        "ANY_TENSOR_UTIL of nvmlGpmMigSampleGet).",
+    ),
+    _m(
+        "gpuwatch_mig_dram_active_ratio",
+        "gauge",
+        (*GPU, "gpu_instance_id", "compute_instance_id", "mig_profile"),
+        "DRAM bandwidth its GPU instance used as a share 0-1 of the peak, over the last poll interval (NVML GPM "
+        "DRAM_BW_UTIL of nvmlGpmMigSampleGet).",
+    ),
     # Real utilization (docs/reading-the-metrics.md): what the silicon did, where utilization_ratio says only that a
     # kernel ran. NVIDIA: NVML GPM (Hopper and newer); absent, never 0, on GPUs that cannot measure it.
     _m(

@@ -451,6 +451,9 @@ def _mig(gpu: tuple[str, str], s: GpuSample, out: _Out) -> None:
         out.add("gpuwatch_mig_device_info", (*instance, device.uuid), 1)
         out.add("gpuwatch_mig_memory_used_bytes", instance, device.memory_used_bytes)
         out.add("gpuwatch_mig_memory_total_bytes", instance, device.memory_total_bytes)
+        out.add("gpuwatch_mig_sm_active_ratio", instance, device.sm_active_ratio)
+        out.add("gpuwatch_mig_tensor_active_ratio", instance, device.tensor_active_ratio)
+        out.add("gpuwatch_mig_dram_active_ratio", instance, device.dram_active_ratio)
 
 
 def _link_order(item: tuple[Any, Any]) -> tuple[int, Any]:
