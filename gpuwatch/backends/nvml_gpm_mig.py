@@ -14,6 +14,7 @@ when the backend closes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,9 +50,9 @@ class _GpuMigGpm:
 class NvmlMigGpmTier(NvmlGpmTier):
     """nvmlGpmMigSampleGet through the backend's choke point, after each poll's MIG memory (`_read_mig_fast`)."""
 
-    def _mig_gpm_states(self) -> dict[int, _GpuMigGpm]:
-        states: dict[int, _GpuMigGpm] = self.__dict__.setdefault("_mig_gpm", {})
-        return states
+    def __init__(self, lib: Any, clock: Callable[[], float]) -> None:
+        super().__init__(lib, clock)
+        self._mig_gpm: dict[int, _GpuMigGpm] = {}  # NVML GPU index -> its instances' GPM
 
     def _read_mig_fast(self, gpu: _Gpu, sample: GpuSample) -> None:
         super()._read_mig_fast(gpu, sample)
@@ -85,7 +86,7 @@ class NvmlMigGpmTier(NvmlGpmTier):
 
     def _mig_gpm_state(self, gpu: _Gpu) -> _GpuMigGpm | None:
         """The GPU's instances' state, started afresh after a driver change; None (all freed) without MIG devices."""
-        states = self._mig_gpm_states()
+        states = self._mig_gpm
         state = states.get(gpu.nvml_index)
         if state is not None and (state.driver != self._driver or not gpu.mig):
             self._free_mig_gpm(gpu)
@@ -156,7 +157,7 @@ class NvmlMigGpmTier(NvmlGpmTier):
                 self.log.debug("nvmlGpmSampleFree: %s", exc)
 
     def _free_mig_gpm(self, gpu: _Gpu) -> None:
-        state = self._mig_gpm_states().pop(gpu.nvml_index, None)
+        state = self._mig_gpm.pop(gpu.nvml_index, None)
         for instance in state.instances.values() if state is not None else ():
             self._free_samples(instance.samples)
 
@@ -169,7 +170,7 @@ class NvmlMigGpmTier(NvmlGpmTier):
         super()._close_gpm()
         for gpu in self._gpus:
             self._free_mig_gpm(gpu)
-        self._mig_gpm_states().clear()
+        self._mig_gpm.clear()
 
 
 def _with_shares(device: MigDevice, shares: dict[str, float]) -> MigDevice:
