@@ -41,6 +41,7 @@ ALERT_NODES = 6  # nodes 0-5: test_alerts_e2e's fleet and faults, unchanged
 # starved of input: the real-utilization panels)
 DASHBOARD_FAULTS = [
     "6=mixed",
+    "7=mig",  # its GPU 2 split into MIG instances, a job in one: the MIG panels (as the dashboard test's node-001)
     "7/3=xid",
     "7/5=ib_flapping",  # node 7 an HGX node: the network and fabric panels (as the dashboard test's node-001)
     "7/6=fabric_degraded",
