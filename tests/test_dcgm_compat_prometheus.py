@@ -133,6 +133,21 @@ def _variables(url: str) -> dict[str, str]:
     return {v["name"]: "|".join(escape(x) for x in _label_values(url, v["query"])) for v in FIXTURE["variables"]}
 
 
+def _panel_result(url: str, panel: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The panel's query as the dashboard runs it with every instance and GPU selected, and its (non-empty) result,
+    waited for a few scrapes."""
+    expr = panel["expr"]
+    for name, regex in _variables(url).items():
+        expr = expr.replace(f"${name}", regex)
+    deadline = time.monotonic() + 10
+    result = _query(url, expr)
+    while not result and time.monotonic() < deadline:
+        time.sleep(1)
+        result = _query(url, expr)
+    assert result, f"{panel['panel']}: no data for {expr}"
+    return expr, result
+
+
 @pytest.mark.parametrize("variable", FIXTURE["variables"], ids=[v["name"] for v in FIXTURE["variables"]])
 def test_every_template_variable_lists_values(prometheus_url: str, variable: dict[str, str]) -> None:
     values = _label_values(prometheus_url, variable["query"])
@@ -144,15 +159,7 @@ def test_every_template_variable_lists_values(prometheus_url: str, variable: dic
 def test_every_panel_query_returns_data(prometheus_url: str, panel: dict[str, Any]) -> None:
     """The query as the dashboard runs it with every instance and GPU selected; a per-GPU panel gets all 8 GPUs,
     each with the `gpu` label its legend ("GPU {{gpu}}") shows."""
-    expr = panel["expr"]
-    for name, regex in _variables(prometheus_url).items():
-        expr = expr.replace(f"${name}", regex)
-    deadline = time.monotonic() + 10
-    result = _query(prometheus_url, expr)
-    while not result and time.monotonic() < deadline:
-        time.sleep(1)
-        result = _query(prometheus_url, expr)
-    assert result, f"{panel['panel']}: no data for {expr}"
+    _expr, result = _panel_result(prometheus_url, panel)
     if "{{gpu}}" in panel["legendFormat"]:
         assert sorted(int(r["metric"]["gpu"]) for r in result) == list(range(8))
 
@@ -169,15 +176,7 @@ NOT_FOR_A_MIG_GPU = {"DCGM_FI_DEV_GPU_UTIL"}
 def test_every_panel_answers_on_a_mig_node_one_series_per_gpu_instance(
     mig_prometheus_url: str, panel: dict[str, Any]
 ) -> None:
-    expr = panel["expr"]
-    for name, regex in _variables(mig_prometheus_url).items():
-        expr = expr.replace(f"${name}", regex)
-    deadline = time.monotonic() + 10
-    result = _query(mig_prometheus_url, expr)
-    while not result and time.monotonic() < deadline:
-        time.sleep(1)
-        result = _query(mig_prometheus_url, expr)
-    assert result, f"{panel['panel']}: no data for {expr}"
+    expr, result = _panel_result(mig_prometheus_url, panel)
     if "{{gpu}}" not in panel["legendFormat"]:
         return
     whole = [r["metric"] for r in result if r["metric"]["gpu"] != MIG_GPU]

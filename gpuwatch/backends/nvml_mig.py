@@ -54,7 +54,8 @@ class NvmlMigTier(NvmlSlowTier):
         return tuple(sorted(found, key=lambda item: (item[1].gpu_instance_id, item[1].compute_instance_id)))
 
     def _read_mig_fast(self, gpu: _Gpu, sample: GpuSample) -> None:
-        """Each MIG device's memory, every poll; the processes' GPU instances from the GPU's own process list."""
+        """Each MIG device's memory, every poll (the processes' GPU instances come with the GPU's own process list,
+        nvml.py's _read_usage)."""
         if gpu.mig:
             devices = []
             for handle, device in gpu.mig:
