@@ -11,6 +11,8 @@
 #   bash benchmarks/hardware/device-run.sh diag    # ~2 min: gpuwatch diag --level 1 on every GPU, level 2 on GPU 0
 #   bash benchmarks/hardware/device-run.sh fabric  # ~10 s: NVLink fabric info (v3, v2) raw and as gpuwatch reads it,
 #                                                  #   NVSwitches, the fabric manager, RDMA ports, MIG (issue #34)
+#   bash benchmarks/hardware/device-run.sh cvfloor # ~2 min: where the idle probe's spread comes from (issue #36):
+#                                                  #   every matmul timed from cold beside the SM clock, cut into windows
 #   bash benchmarks/hardware/device-run.sh probe cost   # several parts, one after another
 #
 # Run from the repository root, with the wheels of fetch-wheels.sh in .whl/ (installed into /tmp/site). Results go
@@ -21,9 +23,9 @@ set -uo pipefail
 [ $# -gt 0 ] || set -- usage
 for part in "$@"; do
   case "$part" in
-    nvml | probe | cost | check | diag | fabric) ;;
+    nvml | probe | cost | check | diag | fabric | cvfloor) ;;
     *)
-      echo "usage: $0 nvml|probe|cost|check|diag|fabric..." >&2
+      echo "usage: $0 nvml|probe|cost|check|diag|fabric|cvfloor..." >&2
       exit 2
       ;;
   esac
@@ -132,6 +134,24 @@ agent_scraped() {
     sleep 1.5
     curl -sS --max-time 10 http://127.0.0.1:$port/metrics -o "$RAW/metrics-probe.txt"
   done
+  # The verdict after the probe (issue #36): /health/gpus as JSON, one line per GPU in the summary.
+  curl -sS --max-time 10 "http://127.0.0.1:$port/health/gpus?format=json" -o "$RAW/health-after-probe.json"
+  "$PY" - "$RAW/health-after-probe.json" "$RAW/verdict.txt" <<'PYEOF'
+import json, sys
+
+try:
+    doc = json.load(open(sys.argv[1]))
+    gpus = doc.get("gpus") or []
+    lines = [
+        f"GPU {g.get('index')} ({g.get('uuid')}): {g.get('state')}, action {g.get('action')}"
+        + (f" ({'; '.join(g.get('evidence') or [])})" if g.get("evidence") else "")
+        for g in gpus
+    ] or [f"no GPUs in the answer: {json.dumps(doc)[:300]}"]
+except (OSError, ValueError, AttributeError) as exc:
+    lines = [f"no verdict read: {exc}"]
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PYEOF
   for _ in 1 2 3 4 5; do curl -sS --max-time 10 -o /dev/null \
     -w 'scrape: %{http_code} %{size_download} B in %{time_total} s\n' http://127.0.0.1:$port/metrics; done
   echo "the agent's probe worker (isolated mode: python -I): ${worker:-not seen}"
@@ -204,6 +224,16 @@ for part in "${parts[@]}"; do
     started=$SECONDS
     agent_scraped >>"$LOG" 2>&1
     say "- agent scraped by curl: exit $?, $((SECONDS - started)) s"
+    say "- the verdict after its probe (/health/gpus):"
+    sed 's/^/    /' "$RAW/verdict.txt" >>"$SUMMARY" 2>/dev/null
+  elif [ "$part" = cvfloor ]; then
+    say "# gpuwatch hardware checks, part cvfloor ($(date -u +%FT%TZ))"
+    # Issue #36's "CV floor": 10 trials from idle (~12 s each), the first left out. CV_FLOOR_ARGS passes flags.
+    FLOOR_FLAGS=()
+    [ "${DRY_RUN:-0}" = 1 ] && FLOOR_FLAGS=(--dry-run --trials 4)
+    run "cv floor" 300 "$PY" $HERE/cv_floor.py --out "$RAW/cv_floor.json" --markdown "$SCRATCH/floor.md" \
+      "${FLOOR_FLAGS[@]}" ${CV_FLOOR_ARGS:-}
+    cat "$SCRATCH/floor.md" >>"$SUMMARY" 2>/dev/null
   elif [ "$part" = diag ]; then
     say "# gpuwatch hardware checks, part diag ($(date -u +%FT%TZ))"
     # Issue #33: level 1 must take at most 30 s per GPU (the GPUs at once) and pass on a healthy GPU; the details
@@ -211,7 +241,7 @@ for part in "${parts[@]}"; do
     # runs the sustained matmul for 30 s on GPU 0: the throttling the probe's one second cannot see. dcgmi diag -r 1/2
     # is folded in where DCGM is installed (about 1-2 minutes more).
     rm -rf "$STATE"
-    for level in 1 2; do
+    for level in ${DIAG_LEVELS:-1 2}; do # DIAG_LEVELS=1: level 1 only (what issue #36 asks), a minute less
       gpus=()
       [ "$level" = 2 ] && gpus=(--gpu 0)
       run "gpuwatch diag --level $level ${gpus[*]}" 280 "${GW[@]}" diag "${GPUWATCH_FLAGS[@]}" --state-dir "$STATE" \

@@ -116,19 +116,23 @@ def markdown(doc: dict[str, Any]) -> str:
     for gpu in doc["gpus"]:
         lines.append(
             f"| {gpu['index']} | `{json.dumps(gpu['v3'])}` | `{json.dumps(gpu['v2'])}` | "
-            f"`{json.dumps(gpu.get('gpuwatch'))}` | {gpu['mig_mode_current_pending']} |"
+            f"`{json.dumps(gpu.get('gpuwatch'))}` | {mig_words(gpu['mig_mode_current_pending'])} |"
         )
     lines.append("")
     lines.append(
         f"- NVSwitches on the PCI bus: {doc['nvswitches']}; nv-fabricmanager running: {doc['fabric_manager_running']}"
     )
-    lines.append(
-        f"- RDMA ports: {len(doc['rdma_ports'])}: "
-        + ", ".join(
-            f"{p['device']}/{p['port']} {'up' if p['up'] else 'down'} {p['link_layer']}" for p in doc["rdma_ports"]
-        )
-    )
+    ports = [f"{p['device']}/{p['port']} {'up' if p['up'] else 'down'} {p['link_layer']}" for p in doc["rdma_ports"]]
+    lines.append(f"- RDMA ports: {len(ports)}{': ' + ', '.join(ports) if ports else ''}")
     return "\n".join(lines) + "\n"
+
+
+def mig_words(mode: Any) -> str:
+    """The MIG mode as issue #36 asks to see it: "reported disabled" (current and pending 0, NVML_DEVICE_MIG_DISABLE),
+    else what NVML answered."""
+    if isinstance(mode, (list, tuple)) and list(mode) == [0, 0]:
+        return "reported disabled (0, 0)"
+    return f"not reported disabled: {mode}"
 
 
 def main() -> int:
