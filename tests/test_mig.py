@@ -89,13 +89,21 @@ def test_instances_created_and_destroyed_while_the_agent_runs_come_and_go(sim: S
 
 
 def test_the_status_page_lists_the_instances_and_their_jobs(sim: SimAgent) -> None:
-    sim.run(2)
+    sim.run(3)  # GPM: two samples, a poll apart
     page = render_status_page(sim.agent.store.snapshot())
     table = page[page.index('<table id="mig">') :]
     table = table[: table.index("</table>")]
     assert table.count("<tr>") == 4  # the header and three instances
     job = table[table.index("3g.40gb") :]
-    assert table.count("2g.20gb") == 2 and "k8s_pod" in job[: job.index("</tr>")]  # the job, in its instance's row
+    job = job[: job.index("</tr>")]
+    assert table.count("2g.20gb") == 2 and "k8s_pod" in job  # the job, in its instance's row
+    # Its GPU instance's SM / tensor activity, as served: the busy 3g.40gb's, and an idle 2g.20gb at 0 %.
+    busy = _activity(sim, "1", "3g.40gb")
+    sm, tensor = busy["gpuwatch_mig_sm_active_ratio"], busy["gpuwatch_mig_tensor_active_ratio"]
+    assert sm is not None and tensor is not None and sm > 0.5
+    assert f"<td>{sm:.0%} / {tensor:.0%}</td>" in job
+    idle = table[table.rindex("2g.20gb") :]
+    assert "<td>0% / 0%</td>" in idle[: idle.index("</tr>")]
 
 
 def test_the_probe_skips_the_mig_gpu_says_why_and_leaves_its_instances(sim: SimAgent) -> None:

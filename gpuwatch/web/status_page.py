@@ -308,8 +308,8 @@ def _network_section(snap: StoreSnapshot) -> str:
 
 
 def _mig_section(snap: StoreSnapshot) -> str:
-    """Each MIG-enabled GPU's MIG devices (docs/mig.md): instance IDs, profile, memory and the workloads in each;
-    nothing on a node without MIG."""
+    """Each MIG-enabled GPU's MIG devices (docs/mig.md): instance IDs, profile, memory, its GPU instance's SM and
+    tensor activity (GPM; "—" where unread) and the workloads in each; nothing on a node without MIG."""
     workloads = snap.parts.get("workloads") or {}
     rows = []
     for uuid, identity in sorted(snap.identities.items(), key=lambda item: item[1].index):
@@ -320,17 +320,20 @@ def _mig_section(snap: StoreSnapshot) -> str:
             ]
             used, total = device.memory_used_bytes, device.memory_total_bytes
             memory = "" if used is None or total is None else f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB"
+            sm, tensor = device.sm_active_ratio, device.tensor_active_ratio
+            active = "—" if sm is None else f"{sm:.0%}" + ("" if tensor is None else f" / {tensor:.0%}")
             rows.append(
                 f'<tr><td class="l">{identity.index}</td><td>{device.gpu_instance_id}</td>'
                 f'<td>{device.compute_instance_id}</td><td class="l">{html.escape(device.profile)}</td>'
-                f'<td>{memory}</td><td class="l">{html.escape(", ".join(held)) or "—"}</td>'
+                f'<td>{memory}</td><td>{active}</td><td class="l">{html.escape(", ".join(held)) or "—"}</td>'
                 f'<td class="l"><small>{html.escape(device.uuid)}</small></td></tr>'
             )
     if not rows:
         return ""
     return (
         '<h2>MIG instances</h2><table id="mig"><tr><th class="l">GPU</th><th>GPU instance</th>'
-        '<th>compute instance</th><th class="l">profile</th><th>memory</th><th class="l">workloads</th>'
+        '<th>compute instance</th><th class="l">profile</th><th>memory</th>'
+        '<th title="the GPU instance\'s GPM over the last poll">SM / tensor active</th><th class="l">workloads</th>'
         f'<th class="l">MIG UUID</th></tr>{"".join(rows)}</table>'
     )
 
