@@ -135,6 +135,30 @@ def fast_sample(reader: study.GpuReader) -> dict[str, Any]:
     }
 
 
+class OwnContextExcluded(study.GpuReader):
+    """The reader as the idle wait sees it, less the engine child's own CUDA context: the child lives through every
+    trial, so NVML lists it as a compute process even while the GPU idles (it adds no utilization)."""
+
+    def __init__(self, inner: study.GpuReader) -> None:
+        super().__init__()
+        self.inner, self.available, self.why = inner, inner.available, inner.why
+
+    def sample(self) -> dict[str, Any]:
+        s = dict(self.inner.sample())
+        if s.get("compute_processes"):
+            s["compute_processes"] -= 1
+        return s
+
+
+def next_json(stream: Any) -> dict[str, Any] | None:
+    """The child's next JSON line (a library may print other lines first); None at its end."""
+    for line in stream:
+        doc = study.last_json(line)
+        if doc is not None:
+            return doc
+    return None
+
+
 class Sampler(threading.Thread):
     """Reads the GPU every `interval` s until stopped; the samples in order."""
 
@@ -268,7 +292,7 @@ def run_trials(args: argparse.Namespace, reader: study.GpuReader, doc: dict[str,
     argv += ["--dtype", args.dtype, "--run", str(args.run), "--device", "cpu" if args.dry_run else "gpu"]
     proc = study.spawn(argv, study.child_env(pin), stdin=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    ready = study.last_json(proc.stdout.readline())
+    ready = next_json(proc.stdout)
     if not ready or not ready.get("ready"):
         _, err = study.communicate(proc, 10)
         raise study.PhaseError(f"the engine child did not start: {study.tail(err, 500)}")
@@ -279,12 +303,12 @@ def run_trials(args: argparse.Namespace, reader: study.GpuReader, doc: dict[str,
     last_end: float | None = None
     try:
         for i in range(args.trials):
-            idle = study.wait_idle(reader, temp_ref, last_end, args.idle_min, args.idle_max)
+            idle = study.wait_idle(OwnContextExcluded(reader), temp_ref, last_end, args.idle_min, args.idle_max)
             sampler = Sampler(reader, args.sample_ms / 1000)
             sampler.start()
             proc.stdin.write("go\n")
             proc.stdin.flush()
-            answer = study.last_json(proc.stdout.readline())
+            answer = next_json(proc.stdout)
             samples = sampler.stop()
             last_end = time.monotonic()
             if not answer or "times" not in answer:

@@ -6,7 +6,7 @@
 #                                                  #   call of the backend as the driver answers it, the floor, GPM
 #   bash benchmarks/hardware/device-run.sh probe   # ~2.5 min: the probe study, the agent scraped
 #   bash benchmarks/hardware/device-run.sh cost    # ~2.5 min: gpuwatch vs nvitop-exporter vs nvidia-smi per scrape
-#   bash benchmarks/hardware/device-run.sh check   # ~3.5 min: the probe's checked result (issue #33): compute errors
+#   bash benchmarks/hardware/device-run.sh check   # ~5 min: the probe's checked result (issues #33, #36): compute errors
 #                                                  #   over N probes, a corrupted result caught, false alarms
 #   bash benchmarks/hardware/device-run.sh diag    # ~2 min: gpuwatch diag --level 1 on every GPU, level 2 on GPU 0
 #   bash benchmarks/hardware/device-run.sh fabric  # ~10 s: NVLink fabric info (v3, v2) raw and as gpuwatch reads it,
@@ -201,7 +201,7 @@ for part in "${parts[@]}"; do
     # "compute errors over N probes" and "corrupted result caught: yes|no".
     CHECK_FLAGS=()
     [ "${DRY_RUN:-0}" = 1 ] && CHECK_FLAGS=(--dry-run --probes 2 --seeds 5)
-    run "checked probe" 420 "$PY" $HERE/probe_check.py --out "$RAW/probe_check.json" --markdown "$SCRATCH/check.md" \
+    run "checked probe" 540 "$PY" $HERE/probe_check.py --out "$RAW/probe_check.json" --markdown "$SCRATCH/check.md" \
       "${CHECK_FLAGS[@]}" ${PROBE_CHECK_ARGS:-}
     cat "$SCRATCH/check.md" >>"$SUMMARY" 2>/dev/null
   elif [ "$part" = fabric ]; then
