@@ -1115,7 +1115,8 @@ def summary_table(doc: dict[str, Any]) -> list[str]:
         f"| compute errors over {st.get('checked', 0)} checked probes | {st.get('compute_errors', 0)} | 0 "
         f"| {'ok' if not st.get('compute_errors') else 'WRONG RESULTS'} |",
         f"| probe TFLOP/s, mean ± stdev, all | {_tf(a.get('mean'))} ± {_tf(a.get('stdev'))} "
-        f"(min {_tf(a.get('min'))}, max {_tf(a.get('max'))}) | fixture {FIXTURE['probe_8192_bf16_tflops_at_cap']} | |",
+        f"(min {_tf(a.get('min'))}, max {_tf(a.get('max'))}) "
+        f"| H100 fixture {FIXTURE['probe_8192_bf16_tflops_at_cap']} | |",
         f"| CV of per-probe medians, all | {_f(a.get('cv_pct'), 2)} % (population {_f(a.get('cv_pct_population'), 2)}"
         f" %) | ≤ {TARGET_CV_PCT} % | {v.get('cv_all', 'n/a')} |",
         f"| CV, probes 2..N | {_f(b.get('cv_pct'), 2)} % (population {_f(b.get('cv_pct_population'), 2)} %), "
@@ -1136,7 +1137,7 @@ def summary_table(doc: dict[str, Any]) -> list[str]:
         f"| H2D / D2H, median ({st.get('copy_kind') or '-'}) | {_gb(h2d)}{share(h2d)} / {_gb(d2h)}{share(d2h)} GB/s "
         f"| nominal {_gb(nominal)} GB/s per direction ({link}) | |",
         f"| sustained torch matmul, median of last half ({_f(doc.get('args', {}).get('sustain'), 0)} s) "
-        f"| {_tfl(sus_med)} TFLOP/s | fixture {FIXTURE['sustained_20s_8192_bf16_tflops']:g} | |",
+        f"| {_tfl(sus_med)} TFLOP/s | H100 fixture {FIXTURE['sustained_20s_8192_bf16_tflops']:g} | |",
         f"| sustained: best batch; first 2 s median | {_tfl(sus.get('best_batch_tflops'))}; "
         f"{_tfl(sus.get('median_tflops_first_2s'))} TFLOP/s | published ~{PUBLISHED_BF16_TFLOPS:g} | |",
         f"| sustained: power, SM clock (last half), peak °C, SW power cap share | "
@@ -1146,8 +1147,8 @@ def summary_table(doc: dict[str, Any]) -> list[str]:
         f"{_f(None if not (idle_ref and sus_med) else idle_ref / 1e12 / sus_med, 3)} | ~1 | |",
         f"| probe under a competing matmul | {_tf(comp.get('probe_flops'))} TFLOP/s, ratio to baseline "
         f"{_f(comp.get('ratio_to_baseline'), 3)}, busy-marked {cprobe.get('busy', '-')} "
-        f"| fixture {FIXTURE['with_a_competing_matmul_stream_tflops_median']:g} | |",
-        f"| drop vs idle median | {_pct(comp.get('drop_vs_idle'))} | fixture ~47 % | |",
+        f"| H100 fixture {FIXTURE['with_a_competing_matmul_stream_tflops_median']:g} | |",
+        f"| drop vs idle median | {_pct(comp.get('drop_vs_idle'))} | H100 fixture ~47 % | |",
     ]
     errors = doc.get("errors") or []
     if errors:
