@@ -10,8 +10,9 @@ import pytest
 from simnode import SimAgent
 
 from gpuwatch.backends.nvml import NvmlBackend
+from gpuwatch.collectors.vendors import _mig_lines
 from gpuwatch.simulated.bindings import simulated_pynvml
-from gpuwatch.simulated.mig import MigInstanceSpec
+from gpuwatch.simulated.mig import SCENARIO_LAYOUT, MigInstanceSpec, MigLayout
 from gpuwatch.simulated.scenarios import SimulatedNode
 from gpuwatch.web.status_page import render_status_page
 
@@ -178,6 +179,24 @@ def test_a_gpu_without_gpm_has_no_instance_activity_and_allocates_nothing() -> N
     assert all(
         (d.sm_active_ratio, d.tensor_active_ratio, d.dram_active_ratio) == (None, None, None)
         for d in mig_gpu.mig_devices
+    )
+
+
+def test_gpuwatch_check_lists_the_mig_devices_and_warns_of_a_mig_gpu_without_an_instance() -> None:
+    """With MIG enabled, CUDA runs only inside an instance: a MIG GPU with none takes no job, and `gpuwatch check`
+    says so and what to do; a GPU with instances gets them listed, a GPU without MIG no line."""
+    node = SimulatedNode("healthy", gpus=4, mig={1: MigLayout(()), 2: SCENARIO_LAYOUT}, wall_clock=lambda: 1.8e9)
+    backend = NvmlBackend(simulated_pynvml(node), clock=lambda: 1.8e9)
+    backend.open()
+    try:
+        lines = _mig_lines(backend.poll(slow=True), "MIG (nvml)")
+    finally:
+        backend.close()
+    empty, split = lines
+    assert (empty.level, split.level) == ("warn", "ok")
+    assert empty.detail.startswith("GPU 1: MIG enabled, no instance") and "nvidia-smi mig" in empty.fix
+    assert split.detail == (
+        "GPU 2: 3 MIG device(s): 3g.40gb (GPU instance 1), 2g.20gb (GPU instance 5), 2g.20gb (GPU instance 6)"
     )
 
 

@@ -17,7 +17,7 @@ from gpuwatch.collectors.base import POLL, CheckLine, CollectorContext, Every, c
 from gpuwatch.collectors.sources import BackendSlot, NodeSources
 from gpuwatch.config.settings import Config
 from gpuwatch.core.latch import Latch
-from gpuwatch.core.model import StuckCall
+from gpuwatch.core.model import GpuReading, StuckCall
 from gpuwatch.state.store import STALE_AFTER_POLLS, SampleStore
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -198,10 +198,12 @@ def _check_backend(slot: BackendSlot, fix: str) -> list[CheckLine]:
     except BackendUnavailable as exc:
         return [CheckLine("FAIL", what, str(exc), fix)]
     try:
-        gpus = len(backend.poll(slow=False))
+        readings = backend.poll(slow=True)  # the slow tier holds the MIG devices
+        gpus = len(readings)
         versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
         mismatch = backend.version_problem()  # AMD: package vs host ROCm
         activity = _activity_lines(backend, gpus, f"real utilization ({slot.name})")
+        activity += _mig_lines(readings, f"MIG ({slot.name})")
     except Exception as exc:  # the driver failed between open and poll: a FAIL line, never a traceback
         return [CheckLine("FAIL", what, f"opened, then failed: {exc}", fix)]
     finally:
@@ -230,6 +232,33 @@ def _activity_lines(backend: Backend, gpus: int, what: str) -> list[CheckLine]:
         CheckLine("warn", what, f"GPU {', '.join(indices)}: {reason}", _NO_ACTIVITY_FIX)
         for reason, indices in by_reason.items()
     ]
+
+
+_NO_INSTANCE_FIX = (
+    "create its GPU and compute instances (nvidia-smi mig -i N -cgi PROFILES -C, or the node's MIG manager, such as "
+    "nvidia-mig-parted), or disable MIG on it (nvidia-smi -i N -mig 0)"
+)
+
+
+def _mig_lines(readings: list[GpuReading], what: str) -> list[CheckLine]:
+    """Each MIG-enabled GPU's MIG devices as the agent finds them (docs/mig.md), and a warning for one with none:
+    with MIG enabled, CUDA runs only in an instance, so such a GPU takes no job at all."""
+    lines = []
+    for reading in readings:
+        sample = reading.sample
+        if sample is None or not sample.mig_enabled:
+            continue
+        index, devices = reading.identity.index, sample.mig_devices
+        if devices:
+            found = ", ".join(f"{d.profile or '?'} (GPU instance {d.gpu_instance_id})" for d in devices)
+            lines.append(CheckLine("ok", what, f"GPU {index}: {len(devices)} MIG device(s): {found}"))
+        else:
+            lines.append(
+                CheckLine(
+                    "warn", what, f"GPU {index}: MIG enabled, no instance: no job can run on it", _NO_INSTANCE_FIX
+                )
+            )
+    return lines
 
 
 def _check_device(device: Path) -> CheckLine:
