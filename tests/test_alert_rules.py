@@ -89,6 +89,7 @@ STATE_ALERTS = {
     "GpuInforomCorrupted",
     "GpuFabricNotRegistered",
     "GpuFabricDegraded",  # the conditions are its state
+    "GpuMigWithoutInstances",  # MIG enabled, no instance
     "NvidiaFabricManagerDown",
     "HostNetworkPortDown",
     "GpuLost",

@@ -11,6 +11,7 @@ from simnode import SimAgent
 
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.collectors.vendors import _mig_lines
+from gpuwatch.judge.gpu_verdict import GpuVerdict, gpu_verdicts
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.mig import SCENARIO_LAYOUT, MigInstanceSpec, MigLayout
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -198,6 +199,33 @@ def test_gpuwatch_check_lists_the_mig_devices_and_warns_of_a_mig_gpu_without_an_
     assert split.detail == (
         "GPU 2: 3 MIG device(s): 3g.40gb (GPU instance 1), 2g.20gb (GPU instance 5), 2g.20gb (GPU instance 6)"
     )
+
+
+def test_a_mig_gpu_left_without_instances_is_degraded_and_says_what_to_do(sim: SimAgent) -> None:
+    """The job ends and every instance is destroyed, MIG still enabled: the GPU takes no job. The agent's verdict says
+    so (degraded, action none: a setting) from the next slow poll; GpuMigWithoutInstances (promtool-tested in
+    deploy/prometheus/tests) reads the same series: mig 1 in gpuwatch_gpu_modes_info and no gpuwatch_mig_device_info."""
+    sim.run(2)
+    assert _verdict(sim, MIG_GPU).state == "healthy"
+    sim.node.set_mig_job(MIG_GPU, 1, None)
+    for gi in (1, 5, 6):
+        sim.node.destroy_gpu_instance(MIG_GPU, gi)
+    sim.run(SLOW_POLL)
+    verdict = _verdict(sim, MIG_GPU)
+    assert (verdict.state, verdict.action) == ("degraded", "none")
+    assert any("GpuMigWithoutInstances" in e and "no job can run" in e for e in verdict.evidence), verdict.evidence
+    assert _devices(sim, MIG_GPU) == {}
+    modes = [dict(labels) for name, labels in sim.samples() if name == "gpuwatch_gpu_modes_info"]
+    assert {m["gpu"]: m["mig"] for m in modes}[str(MIG_GPU)] == "1"
+    assert all(_verdict(sim, other).state == "healthy" for other in (0, 1, 3))
+    sim.node.create_gpu_instance(MIG_GPU, MigInstanceSpec("7g.80gb"))
+    sim.run(SLOW_POLL)
+    assert _verdict(sim, MIG_GPU).state == "healthy"  # one instance again: it takes jobs
+
+
+def _verdict(sim: SimAgent, gpu: int) -> GpuVerdict:
+    (verdict,) = [v for v in gpu_verdicts(sim.agent.store.snapshot()) if v.index == gpu]
+    return verdict
 
 
 def test_an_amd_node_refuses_the_mig_scenario_and_says_what_to_do(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ _ACTION_OF_ALERT: dict[str, tuple[Action, str]] = {
     "GpuPowerSupplyUndersized": ("inspect_hardware", "power cables"),
     "GpuPowerCablesNotAttached": ("inspect_hardware", "power cables"),
     "GpuPowerLimitBelowDefault": ("none", ""),  # a setting: restore the limit
+    "GpuMigWithoutInstances": ("none", ""),  # a setting: create the instances (or disable MIG)
     "GpuPcieLinkDegraded": ("inspect_hardware", "seating (GPU, riser, slot)"),
     # Rates over a window the agent does not keep: no finding of its own, the rules judge them (docs/verdicts.md).
     "GpuPcieErrors": ("inspect_hardware", "seating (GPU, riser, slot)"),

@@ -67,6 +67,7 @@ def judge_gpu(identity: GpuIdentity, sample: GpuSample, configured_limit_watts: 
     _pcie(sample, out)
     _memory_health(sample, out)
     _board(sample, out)
+    _mig(identity, sample, out)
     return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 
@@ -331,6 +332,21 @@ def _board(s: GpuSample, out: list[Finding]) -> None:
                 "GpuInforomCorrupted",
                 "InfoROM corrupted (checksum fails)",
                 "drain the GPU; reflash the InfoROM with NVIDIA's tools or replace the GPU",
+            )
+        )
+
+
+def _mig(identity: GpuIdentity, s: GpuSample, out: list[Finding]) -> None:
+    """A MIG-enabled GPU with no MIG device takes no job: with MIG enabled, CUDA runs only inside an instance
+    (docs/mig.md). The instances are read on slow polls, so the finding waits for one (mig_enabled unknown before)."""
+    if identity.vendor == "nvidia" and s.mig_enabled and not s.mig_devices:  # AMD's "MIG" is a compute partition
+        out.append(
+            Finding(
+                "warn",
+                "GpuMigWithoutInstances",
+                "MIG enabled with no instance: no job can run on it",
+                f"create its instances (nvidia-smi mig -i {identity.index} -cgi PROFILES -C, or the node's MIG "
+                f"manager), or disable MIG (nvidia-smi -i {identity.index} -mig 0)",
             )
         )
 
