@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from simnode import SimAgent
 
+from gpuwatch.backends.amdsmi import AmdSmiBackend
 from gpuwatch.backends.nvml import NvmlBackend
 from gpuwatch.collectors.vendors import _mig_lines
 from gpuwatch.judge.gpu_verdict import GpuVerdict, gpu_verdicts
+from gpuwatch.judge.verdict import judge_gpu
+from gpuwatch.simulated.amdsmi_sim import simulated_amdsmi
 from gpuwatch.simulated.bindings import simulated_pynvml
 from gpuwatch.simulated.mig import SCENARIO_LAYOUT, MigInstanceSpec, MigLayout
 from gpuwatch.simulated.scenarios import SimulatedNode
@@ -199,6 +202,21 @@ def test_gpuwatch_check_lists_the_mig_devices_and_warns_of_a_mig_gpu_without_an_
     assert split.detail == (
         "GPU 2: 3 MIG device(s): 3g.40gb (GPU instance 1), 2g.20gb (GPU instance 5), 2g.20gb (GPU instance 6)"
     )
+
+
+def test_an_amd_gpu_in_a_compute_partition_is_no_mig_gpu_without_instances() -> None:
+    """An MI300X in CPX: the AMD backend sets mig_enabled for a non-default compute partition (docs/metrics.md,
+    gpuwatch_gpu_modes_info), which has no instances to make: neither `gpuwatch check` nor the verdict warns."""
+    node = SimulatedNode("healthy", gpus=2, vendor="amd", wall_clock=lambda: 1.8e9)
+    backend = AmdSmiBackend(simulated_amdsmi(node, partition="CPX"), clock=lambda: 1.8e9)
+    backend.open()
+    try:
+        readings = backend.poll(slow=True)
+    finally:
+        backend.close()
+    assert readings and all(r.sample is not None and r.sample.mig_enabled for r in readings)
+    assert _mig_lines(readings, "MIG (amdsmi)") == []
+    assert not [f for r in readings if r.sample for f in judge_gpu(r.identity, r.sample) if "Mig" in f.alert]
 
 
 def test_a_mig_gpu_left_without_instances_is_degraded_and_says_what_to_do(sim: SimAgent) -> None:

@@ -241,12 +241,13 @@ _NO_INSTANCE_FIX = (
 
 
 def _mig_lines(readings: list[GpuReading], what: str) -> list[CheckLine]:
-    """Each MIG-enabled GPU's MIG devices as the agent finds them (docs/mig.md), and a warning for one with none:
-    with MIG enabled, CUDA runs only in an instance, so such a GPU takes no job at all."""
+    """Each MIG-enabled NVIDIA GPU's MIG devices as the agent finds them (docs/mig.md), and a warning for one with
+    none: with MIG enabled, CUDA runs only in an instance, so such a GPU takes no job at all. An AMD GPU's mig_enabled
+    is a compute partition, which has no instances: no line."""
     lines = []
     for reading in readings:
         sample = reading.sample
-        if sample is None or not sample.mig_enabled:
+        if sample is None or not sample.mig_enabled or reading.identity.vendor != "nvidia":
             continue
         index, devices = reading.identity.index, sample.mig_devices
         if devices:
