@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repofiles import REPO, load_script
 from test_probe_worker import torch_installed  # noqa: F401 (the fixture)
 
-REPO = Path(__file__).resolve().parents[1]
 KIT = REPO / "benchmarks" / "hardware"
-sys.path.insert(0, str(KIT))
-import cv_floor  # noqa: E402  (a script of the kit, not a package)
+cv_floor = load_script(KIT / "cv_floor.py", "cv_floor")
 
 
 @pytest.mark.usefixtures("torch_installed")

@@ -187,8 +187,11 @@ def test_a_gpu_without_gpm_has_no_instance_activity_and_allocates_nothing() -> N
 
 
 def test_gpuwatch_check_lists_the_mig_devices_and_warns_of_a_mig_gpu_without_an_instance() -> None:
-    """With MIG enabled, CUDA runs only inside an instance: a MIG GPU with none takes no job, and `gpuwatch check`
-    says so and what to do; a GPU with instances gets them listed, a GPU without MIG no line."""
+    """With MIG enabled, CUDA runs only inside an instance (NVIDIA MIG User Guide, docs.nvidia.com/datacenter/tesla/
+    mig-user-guide, "MIG Device Names" > "CUDA Device Enumeration": CUDA applications run on a MIG device given by
+    its UUID), and nvmlDeviceGetMaxMigDeviceCount answers 0 devices on such a GPU (nvml.h 13.3.29, lines
+    13398-13414): a MIG GPU with none takes no job, and `gpuwatch check` says so and what to do; a GPU with instances
+    gets them listed, a GPU without MIG no line."""
     node = SimulatedNode("healthy", gpus=4, mig={1: MigLayout(()), 2: SCENARIO_LAYOUT}, wall_clock=lambda: 1.8e9)
     backend = NvmlBackend(simulated_pynvml(node), clock=lambda: 1.8e9)
     backend.open()
@@ -206,7 +209,9 @@ def test_gpuwatch_check_lists_the_mig_devices_and_warns_of_a_mig_gpu_without_an_
 
 def test_an_amd_gpu_in_a_compute_partition_is_no_mig_gpu_without_instances() -> None:
     """An MI300X in CPX: the AMD backend sets mig_enabled for a non-default compute partition (docs/metrics.md,
-    gpuwatch_gpu_modes_info), which has no instances to make: neither `gpuwatch check` nor the verdict warns."""
+    gpuwatch_gpu_modes_info). ROCm/amdsmi's amdsmi.h (amdsmi_compute_partition_type_t) defines CPX as "per-chip XCC
+    with shared memory", each partition a GPU of its own: there are no instances to make, so neither `gpuwatch check`
+    nor the verdict warns."""
     node = SimulatedNode("healthy", gpus=2, vendor="amd", wall_clock=lambda: 1.8e9)
     backend = AmdSmiBackend(simulated_amdsmi(node, partition="CPX"), clock=lambda: 1.8e9)
     backend.open()
@@ -220,7 +225,8 @@ def test_an_amd_gpu_in_a_compute_partition_is_no_mig_gpu_without_instances() -> 
 
 
 def test_a_mig_gpu_left_without_instances_is_degraded_and_says_what_to_do(sim: SimAgent) -> None:
-    """The job ends and every instance is destroyed, MIG still enabled: the GPU takes no job. The agent's verdict says
+    """The job ends and every instance is destroyed, MIG still enabled: the GPU takes no job (the MIG User Guide's
+    "CUDA Device Enumeration", as above). The agent's verdict says
     so (degraded, action none: a setting) from the next slow poll; GpuMigWithoutInstances (promtool-tested in
     deploy/prometheus/tests) reads the same series: mig 1 in gpuwatch_gpu_modes_info and no gpuwatch_mig_device_info."""
     sim.run(2)

@@ -122,9 +122,7 @@ def fast_sample(reader: study.GpuReader) -> dict[str, Any]:
             "temp_c": s.get("temperature_c"),
         }
     nv = reader._nv
-    reasons = reader._call("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons is None:
-        reasons = reader._call("nvmlDeviceGetCurrentClocksThrottleReasons")
+    reasons = reader.clocks_event_reasons()
     power = reader._call("nvmlDeviceGetPowerUsage")
     return {
         "t": time.monotonic(),
@@ -230,10 +228,9 @@ def production_start(trial: dict[str, Any]) -> float:
 
 
 def cv_pct(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    mean = statistics.fmean(values)
-    return 100 * statistics.stdev(values) / mean if mean else None
+    """The sample CV in %, as the probe study gives it (probe_study.spread_stats)."""
+    cv: float | None = study.spread_stats(values).get("cv_pct")
+    return cv
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:
@@ -258,13 +255,11 @@ def row(name: str, windows: list[dict[str, Any] | None]) -> dict[str, Any]:
         "cv_per_clock_pct": cv_pct(per_ghz) if len(per_ghz) == len(got) else None,
         "r_tflops_clock": pearson(tflops, mhz) if len(mhz) == len(got) else None,
         "sm_mhz_mean_range": [min(mhz), max(mhz)] if mhz else None,
-        "sm_mhz_stdev_inside_median": _median([w["sm_mhz_stdev"] for w in got if w["sm_mhz_stdev"] is not None]),
-        "spread_inside_median": _median([w["spread"] for w in got]),
+        "sm_mhz_stdev_inside_median": study.median_or_none(
+            [w["sm_mhz_stdev"] for w in got if w["sm_mhz_stdev"] is not None]
+        ),
+        "spread_inside_median": study.median_or_none([w["spread"] for w in got]),
     }
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def analyse(trials: list[dict[str, Any]], run_seconds: float) -> list[dict[str, Any]]:

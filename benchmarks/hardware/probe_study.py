@@ -322,9 +322,7 @@ class NvmlReader(GpuReader):
         nv = self._nv
         util = self._call("nvmlDeviceGetUtilizationRates")
         procs = self._call("nvmlDeviceGetComputeRunningProcesses")
-        reasons = self._call("nvmlDeviceGetCurrentClocksEventReasons")
-        if reasons is None:
-            reasons = self._call("nvmlDeviceGetCurrentClocksThrottleReasons")
+        reasons = self.clocks_event_reasons()
         return {
             "t": time.time(),
             "utilization_pct": getattr(util, "gpu", None),
@@ -336,6 +334,13 @@ class NvmlReader(GpuReader):
             "pcie_gen_current": self._call("nvmlDeviceGetCurrPcieLinkGeneration"),
             "pcie_width_current": self._call("nvmlDeviceGetCurrPcieLinkWidth"),
         }
+
+    def clocks_event_reasons(self) -> int | None:
+        """The clocks event reasons bitmask: the current call, else its older name (drivers before R535)."""
+        reasons = self._call("nvmlDeviceGetCurrentClocksEventReasons")
+        if reasons is None:
+            reasons = self._call("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return None if reasons is None else int(reasons)
 
     def close(self) -> None:
         if self._nv is not None:
@@ -731,16 +736,16 @@ def probe_stats(probes: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "flops_all": all_,
         "flops_from_2": later,
-        "gpu_time_seconds": {"max": max(gpu_time, default=None), "median": _median(gpu_time)},
-        "worker_wall_seconds": {"max": max(worker, default=None), "median": _median(worker)},
-        "cli_wall_seconds": {"max": max(cli, default=None), "median": _median(cli)},
-        "h2d_bytes_per_second_median": _median(h2d),
-        "d2h_bytes_per_second_median": _median(d2h),
+        "gpu_time_seconds": {"max": max(gpu_time, default=None), "median": median_or_none(gpu_time)},
+        "worker_wall_seconds": {"max": max(worker, default=None), "median": median_or_none(worker)},
+        "cli_wall_seconds": {"max": max(cli, default=None), "median": median_or_none(cli)},
+        "h2d_bytes_per_second_median": median_or_none(h2d),
+        "d2h_bytes_per_second_median": median_or_none(d2h),
         "copy_kind": next((p.get("copy_kind") for p in ok if p.get("copy_kind")), None),
         "power_capped": sum(1 for p in ok if p.get("power_capped")),
         "idle_checked": len(checked),
         "idle_met": sum(1 for p in checked if p["idle"].get("idle")),
-        "idle_wait_seconds_median": _median([p["idle"]["waited_seconds"] for p in probes if p.get("idle")]),
+        "idle_wait_seconds_median": median_or_none([p["idle"]["waited_seconds"] for p in probes if p.get("idle")]),
         "baseline_flops": next((p["baseline_flops"] for p in reversed(probes) if p.get("baseline_flops")), None),
         "baseline_probes": sum(1 for p in probes if p.get("update_baseline")),
         "engine": next((p["engine"] for p in ok if p.get("engine")), None),
@@ -753,7 +758,7 @@ def probe_stats(probes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _median(values: list[float]) -> float | None:
+def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
@@ -931,9 +936,9 @@ def phase_sustained(args: argparse.Namespace, reader: GpuReader, pin: str | None
         child=doc,
         batches=len(rates),
         tflops_by_batch=[[round(at, 3), round(r, 2)] for at, r in rates],
-        median_tflops_last_half=_median(later),
+        median_tflops_last_half=median_or_none(later),
         best_batch_tflops=max((r for _, r in rates), default=None),
-        median_tflops_first_2s=_median([r for at, r in rates if at < 2.0]),
+        median_tflops_first_2s=median_or_none([r for at, r in rates if at < 2.0]),
         load_telemetry=_load_telemetry(telemetry),
     )
 

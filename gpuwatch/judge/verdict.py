@@ -337,8 +337,9 @@ def _board(s: GpuSample, out: list[Finding]) -> None:
 
 
 def _mig(identity: GpuIdentity, s: GpuSample, out: list[Finding]) -> None:
-    """A MIG-enabled GPU with no MIG device takes no job: with MIG enabled, CUDA runs only inside an instance
-    (docs/mig.md). The instances are read on slow polls, so the finding waits for one (mig_enabled unknown before)."""
+    """A MIG-enabled GPU with no MIG device takes no job: with MIG enabled, CUDA runs only inside an instance (NVIDIA
+    MIG User Guide, "CUDA Device Enumeration"; docs/mig.md). The instances are read on slow polls, so the finding
+    waits for one (mig_enabled unknown before)."""
     if identity.vendor == "nvidia" and s.mig_enabled and not s.mig_devices:  # AMD's "MIG" is a compute partition
         out.append(
             Finding(
